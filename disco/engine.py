@@ -1,0 +1,291 @@
+"""The draft -> verify -> accept loop (batch size 1), with a KV cache per model.
+
+One ``Decoder`` runs one strategy on one prompt, one iteration per ``step()``:
+
+  1. draft:  the assistant proposes up to ``policy.budget()`` tokens, one forward pass each, stopping
+             early when the policy says so (confidence below tau), at EOS, or at the length cap;
+  2. verify: the target scores the last committed token plus every draft in ONE forward pass;
+  3. accept: greedy keeps the longest prefix equal to the target's argmax and appends the target's own
+             token; sampling uses the Leviathan et al. rejection rule (so the output follows the target's
+             distribution exactly); then both caches are cropped back to what was accepted.
+
+The autoregressive baseline is the same loop with a policy that never drafts, so both are timed
+through the same code. Invariants kept between iterations (``ids`` = prompt + output so far):
+  * the target cache holds ``ids[:-1]``: every verification feeds ``[ids[-1]] + drafts``
+    (iteration 1 feeds the whole prompt: prefill and the first verification are one pass);
+  * the assistant cache holds at most ``ids[:-2]`` (as transformers' assisted generation does, so the
+    two implementations compute the same numbers), and never a token that was not accepted.
+The draft length is capped at ``max_new_tokens - len(output) - 1`` so the target's token always fits;
+transformers caps it the same way, which keeps pass counts comparable.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from disco.policies import Policy
+from disco.trace import (
+    SOURCE_AUTOREGRESSIVE, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, STOP_CONFIDENCE, STOP_EOS, STOP_LENGTH,
+    STOP_MAX_LOOKAHEAD, STOP_NONE, STOP_ORACLE, IterationRecord, TokenRecord,
+)
+
+MAX_NEW_TOKENS_LIMIT = 4096
+
+
+class InputError(ValueError):
+    """Bad user input (empty prompt, impossible lengths, ...): shown as one line, never a traceback."""
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    max_new_tokens: int = 64
+    sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+            raise InputError(f"max_new_tokens must be an integer between 1 and {MAX_NEW_TOKENS_LIMIT}, got {self.max_new_tokens}")
+        if self.sample:
+            if not (self.temperature > 0 and math.isfinite(self.temperature)) or self.temperature > 100:
+                raise InputError(f"temperature must be in (0, 100], got {self.temperature}")
+            if not 0 < self.top_p <= 1:
+                raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _truncate(cache, length: int) -> None:
+    """Crop a DynamicCache to ``length`` tokens (transformers 5 crops by a negative count)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def distribution(logits: torch.Tensor, settings: DecodeSettings) -> torch.Tensor:
+    """Probabilities after the logits processors (temperature, top-p), in float32, along the last dim.
+
+    Greedy uses the raw distribution: confidence is then the model's plain softmax probability,
+    as in transformers (whose greedy assistant applies no warpers).
+    """
+    logits = logits.float()
+    if not settings.sample:
+        return torch.softmax(logits, dim=-1)
+    logits = logits / settings.temperature
+    if settings.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the tokens ranked above it already reach top_p (the top token always stays)
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= settings.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def speculative_accept(p: torch.Tensor, q: torch.Tensor, drafts: list[int], generator: torch.Generator) -> tuple[int, int]:
+    """Leviathan et al. rejection rule.
+
+    p: target probabilities, shape [k+1, V] (row i scores the position of draft i; row k is the bonus).
+    q: assistant probabilities the drafts were sampled from, shape [k, V].
+    Returns (number of accepted drafts n, the target's token at position n).
+    """
+    for i, token in enumerate(drafts):
+        ratio = p[i, token] / q[i, token]
+        if torch.rand((), generator=generator, device=p.device) <= ratio:
+            continue
+        residual = torch.clamp(p[i] - q[i], min=0.0)
+        total = residual.sum()
+        # p == q up to rounding leaves no residual mass; then p itself is the right distribution
+        dist = residual / total if total > 0 else p[i]
+        return i, int(torch.multinomial(dist, 1, generator=generator))
+    k = len(drafts)
+    return k, int(torch.multinomial(p[k], 1, generator=generator))
+
+
+def greedy_accept(target_logits: torch.Tensor, drafts: list[int]) -> tuple[int, int]:
+    """Longest prefix of drafts equal to the target's argmax, plus the target's own next token."""
+    choice = target_logits.argmax(dim=-1).tolist()
+    n = 0
+    while n < len(drafts) and drafts[n] == choice[n]:
+        n += 1
+    return n, choice[n]
+
+
+class Decoder:
+    """One strategy decoding one prompt. Call ``step()`` until ``done``."""
+
+    def __init__(self, pair, prompt_ids: list[int], policy: Policy, settings: DecodeSettings):
+        from transformers import DynamicCache
+
+        if not prompt_ids:
+            raise InputError("the prompt encodes to zero tokens")
+        if policy.greedy_only and settings.sample:
+            raise InputError(f"strategy {policy.spec!r} needs greedy decoding (it cannot be combined with sampling)")
+        self.pair = pair
+        self.policy = policy
+        self.settings = settings
+        self.strategy = policy.spec
+        self.prompt_len = len(prompt_ids)
+        self.ids = list(prompt_ids)
+        self.device = pair.device
+        self.eos = set(pair.eos_ids)
+        self.t_cache = DynamicCache(config=pair.target.config)
+        self.a_cache = DynamicCache(config=pair.assistant.config) if policy.uses_assistant else None
+        self.t_len = 0
+        self.a_len = 0
+        self.generator = torch.Generator(device=self.device).manual_seed(int(settings.seed))
+        self.records: list[IterationRecord] = []
+        self.tokens: list[TokenRecord] = []
+        self.elapsed_ms = 0.0
+        self.done = False
+        self.finish_reason: str | None = None
+
+    # -- public views -------------------------------------------------------------------------
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.ids[self.prompt_len:]
+
+    @property
+    def text(self) -> str:
+        return self.pair.decode(self.output_ids)
+
+    # -- model calls ----------------------------------------------------------------------------
+
+    def _forward(self, model, cache, tokens: list[int], keep: int) -> tuple[torch.Tensor, float]:
+        """Run ``tokens`` through ``model`` on top of ``cache``; return the last ``keep`` logits rows and ms."""
+        x = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        _sync(self.device)
+        start = time.perf_counter()
+        out = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=keep)
+        logits = out.logits[0, -keep:].float()
+        _sync(self.device)
+        return logits, (time.perf_counter() - start) * 1000.0
+
+    def _pick(self, probs: torch.Tensor) -> int:
+        if self.settings.sample:
+            return int(torch.multinomial(probs, 1, generator=self.generator))
+        return int(probs.argmax())
+
+    # -- one iteration ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> IterationRecord:
+        if self.done:
+            raise RuntimeError("step() called on a finished decoder")
+        policy, settings = self.policy, self.settings
+        _sync(self.device)
+        t0 = time.perf_counter()
+        out_len = len(self.ids) - self.prompt_len
+        remaining = settings.max_new_tokens - out_len
+        k_policy = policy.budget()
+        budget = min(k_policy, remaining - 1) if policy.uses_assistant else 0
+        drafts: list[int] = []
+        confidences: list[float] = []
+        q_rows: list[torch.Tensor] = []
+        forward_ms = 0.0
+        draft_calls = 0
+        stop = STOP_NONE
+        threshold = policy.threshold
+
+        # 1. draft
+        if policy.uses_assistant:
+            stop = STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD
+            for j in range(budget):
+                feed = self.ids[self.a_len:] if j == 0 else [drafts[-1]]
+                logits, ms = self._forward(self.pair.assistant, self.a_cache, feed, 1)
+                self.a_len += len(feed)
+                forward_ms += ms
+                draft_calls += 1
+                q = distribution(logits[0], settings)
+                token = self._pick(q)
+                confidence = float(q[token])
+                if policy.reject_draft(out_len + len(drafts), token):
+                    stop = STOP_ORACLE
+                    break
+                drafts.append(token)
+                confidences.append(confidence)
+                if settings.sample:
+                    q_rows.append(q)
+                if token in self.eos:
+                    stop = STOP_EOS
+                    break
+                if policy.stop_after(confidence):
+                    stop = STOP_CONFIDENCE
+                    break
+        t1 = time.perf_counter()
+
+        # 2. verify: one target pass over [everything the target has not seen] + drafts
+        feed = self.ids[self.t_len:] + drafts
+        logits, ms = self._forward(self.pair.target, self.t_cache, feed, len(drafts) + 1)
+        self.t_len += len(feed)
+        forward_ms += ms
+        if settings.sample:
+            p = distribution(logits, settings)
+            q = torch.stack(q_rows) if q_rows else p[:0]
+            accepted, target_token = speculative_accept(p, q, drafts, self.generator)
+        else:
+            accepted, target_token = greedy_accept(logits, drafts)
+
+        # 3. accept, then cut at EOS and at max_new_tokens (never emit past either)
+        new = drafts[:accepted] + [target_token]
+        for i, token in enumerate(new):
+            if token in self.eos:
+                new = new[: i + 1]
+                self.done, self.finish_reason = True, "eos"
+                break
+        if len(new) >= remaining:
+            new = new[:remaining]
+            if not self.done:
+                self.done, self.finish_reason = True, "length"
+        old_len = len(self.ids)
+        self.ids.extend(new)
+
+        # roll both caches back to what was accepted
+        _truncate(self.t_cache, len(self.ids) - 1)
+        self.t_len = min(self.t_len, len(self.ids) - 1)
+        if self.a_cache is not None:
+            self.a_len = min(self.a_len, old_len + accepted, len(self.ids) - 2)
+            _truncate(self.a_cache, self.a_len)
+        t2 = time.perf_counter()
+
+        iteration = len(self.records) + 1
+        rejected = accepted < len(drafts) or stop == STOP_ORACLE
+        for i, token in enumerate(new):
+            if not policy.uses_assistant:
+                source, prob = SOURCE_AUTOREGRESSIVE, math.nan
+            elif i < accepted:
+                source, prob = SOURCE_DRAFT, confidences[i]
+            else:
+                source, prob = (SOURCE_CORRECTION if rejected else SOURCE_BONUS), math.nan
+            self.tokens.append(TokenRecord(self.strategy, out_len + i, token, self.pair.token_text(token), source, prob, iteration))
+
+        policy.update(len(drafts), accepted)
+        _sync(self.device)
+        t3 = time.perf_counter()
+        iteration_ms = (t3 - t0) * 1000.0
+        self.elapsed_ms += iteration_ms
+        record = IterationRecord(
+            strategy=self.strategy, iteration=iteration, lookahead=len(drafts), accepted=accepted, emitted=len(new),
+            stop_reason=stop, min_confidence=min(confidences) if confidences else math.nan,
+            threshold=threshold if threshold is not None else math.nan,
+            max_lookahead=k_policy if policy.uses_assistant else 0,
+            draft_ms=(t1 - t0) * 1000.0, verify_ms=(t2 - t1) * 1000.0, iteration_ms=iteration_ms,
+            elapsed_ms=self.elapsed_ms, new_tokens=len(self.ids) - self.prompt_len, target_tokens=len(feed),
+            draft_calls=draft_calls, forward_ms=forward_ms, confidences=confidences,
+        )
+        self.records.append(record)
+        return record
+
+    def run(self) -> "Decoder":
+        while not self.done:
+            self.step()
+        return self

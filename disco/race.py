@@ -1,0 +1,154 @@
+"""Run several strategies on one prompt, round-robin, one iteration at a time.
+
+Lanes share the CPU, so they never run in parallel: each ``step()`` runs alone and its measured
+time is charged to its own lane only. After every step the runner yields a ``Snapshot`` that the
+UI, the CLI and the exports read (they never look inside the models).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import pandas as pd
+
+from disco.engine import Decoder, DecodeSettings, InputError
+from disco.policies import Oracle, Policy, parse_strategy
+from disco.trace import iterations_frame, summarize, tokens_frame
+
+AUTOREGRESSIVE = "autoregressive"
+
+
+def encode_prompt(pair, prompt: str, chat: bool, max_new_tokens: int) -> list[int]:
+    """Validate and tokenize a prompt; every user mistake becomes an InputError with one clear line."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InputError("the prompt is empty")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
+    ids = pair.encode(prompt, chat)
+    if not ids:
+        raise InputError("the prompt encodes to zero tokens")
+    if len(ids) >= pair.context_length:
+        raise InputError(f"the prompt is {len(ids)} tokens, longer than the models' context of {pair.context_length}")
+    if len(ids) + max_new_tokens > pair.context_length:
+        raise InputError(
+            f"the prompt ({len(ids)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the models' context of "
+            f"{pair.context_length}; lower max_new_tokens to at most {pair.context_length - len(ids)}"
+        )
+    return ids
+
+
+_REFERENCE_CACHE: "OrderedDict[tuple, list[int]]" = OrderedDict()
+
+
+def greedy_reference(pair, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """The target's own greedy continuation (what the oracle knows in advance). Untimed; memoised."""
+    key = (id(pair), tuple(prompt_ids), max_new_tokens)
+    if key not in _REFERENCE_CACHE:
+        decoder = Decoder(pair, prompt_ids, Policy(AUTOREGRESSIVE), DecodeSettings(max_new_tokens=max_new_tokens))
+        _REFERENCE_CACHE[key] = decoder.run().output_ids
+        while len(_REFERENCE_CACHE) > 32:
+            _REFERENCE_CACHE.popitem(last=False)
+    return _REFERENCE_CACHE[key]
+
+
+def build_policies(specs: list[str]) -> list[Policy]:
+    specs = [s.strip() for s in specs]
+    if not specs:
+        raise InputError("no strategy given")
+    duplicates = {s for s in specs if specs.count(s) > 1}
+    if duplicates:
+        raise InputError(f"strategy listed twice: {sorted(duplicates)[0]} (each lane needs a distinct spec)")
+    return [parse_strategy(s) for s in specs]
+
+
+@dataclass
+class Snapshot:
+    """The state of every lane after one step of the race."""
+
+    decoders: list[Decoder]
+    settings: DecodeSettings
+    meta: dict = field(default_factory=dict)
+    last: str | None = None  # the strategy that just stepped
+
+    @property
+    def finished(self) -> bool:
+        return all(d.done for d in self.decoders)
+
+    @property
+    def strategies(self) -> list[str]:
+        return [d.strategy for d in self.decoders]
+
+    def texts(self) -> dict[str, str]:
+        return {d.strategy: d.text for d in self.decoders}
+
+    def iterations(self) -> pd.DataFrame:
+        return iterations_frame([r for d in self.decoders for r in d.records])
+
+    def tokens(self) -> pd.DataFrame:
+        return tokens_frame([t for d in self.decoders for t in d.tokens])
+
+    def summaries(self, frame: pd.DataFrame | None = None) -> list[dict]:
+        """Per-strategy summaries with speed-up and the lossless check against the autoregressive lane."""
+        frame = self.iterations() if frame is None else frame
+        base = next((d for d in self.decoders if d.strategy == AUTOREGRESSIVE), None)
+        base_seconds = base.elapsed_ms / 1000.0 if base is not None and base.done else None
+        rows = []
+        for d in self.decoders:
+            row = summarize(d.strategy, frame)
+            row["text"] = d.text
+            row["done"] = d.done
+            row["finish_reason"] = d.finish_reason
+            row["speedup"] = (base_seconds / row["seconds"]) if base_seconds and d.done and row["seconds"] > 0 else math.nan
+            if self.settings.sample or base is None or not (base.done and d.done):
+                row["identical_to_autoregressive"] = None  # only meaningful for finished greedy runs
+            else:
+                row["identical_to_autoregressive"] = d.output_ids == base.output_ids
+            row.update(self.meta)
+            rows.append(row)
+        return rows
+
+
+def race(pair, prompt: str, strategies: list[str], settings: DecodeSettings, chat: bool = False,
+         meta: dict | None = None) -> Iterator[Snapshot]:
+    """Advance every strategy one iteration at a time, round-robin; yield a snapshot after each step.
+
+    Validation happens before the first yield, so bad input raises immediately.
+    """
+    settings.validate()
+    policies = build_policies(list(strategies))
+    prompt_ids = encode_prompt(pair, prompt, chat, settings.max_new_tokens)
+    for policy in policies:
+        if policy.greedy_only and settings.sample:
+            raise InputError(f"strategy {policy.spec!r} needs greedy decoding; turn sampling off or remove it")
+    pair.warmup()
+    for policy in policies:
+        if isinstance(policy, Oracle):
+            policy.reference = greedy_reference(pair, prompt_ids, settings.max_new_tokens)
+    decoders = [Decoder(pair, prompt_ids, policy, settings) for policy in policies]
+    info = dict(pair.describe())
+    info.update(prompt_tokens=len(prompt_ids), chat=chat, max_new_tokens=settings.max_new_tokens,
+                sample=settings.sample, temperature=settings.temperature if settings.sample else None,
+                top_p=settings.top_p if settings.sample else None, seed=settings.seed if settings.sample else None)
+    info.update(meta or {})
+    return _round_robin(decoders, settings, info)
+
+
+def _round_robin(decoders: list[Decoder], settings: DecodeSettings, info: dict) -> Iterator[Snapshot]:
+    snapshot = Snapshot(decoders, settings, info)
+    while not snapshot.finished:
+        for d in decoders:
+            if not d.done:
+                d.step()
+                snapshot.last = d.strategy
+                yield snapshot
+
+
+def run_all(pair, prompt: str, strategies: list[str], settings: DecodeSettings, chat: bool = False) -> Snapshot:
+    """Run the race to the end and return the final snapshot."""
+    last = None
+    for last in race(pair, prompt, strategies, settings, chat):
+        pass
+    return last
