@@ -90,6 +90,13 @@ class Snapshot:
     def tokens(self) -> pd.DataFrame:
         return tokens_frame([t for d in self.decoders for t in d.tokens])
 
+    def export_iterations(self) -> pd.DataFrame:
+        """The per-iteration trace of every lane (long format) with the run's settings on every row."""
+        return _with_meta(self.iterations(), self.meta)
+
+    def export_tokens(self) -> pd.DataFrame:
+        return _with_meta(self.tokens(), self.meta)
+
     def summaries(self, frame: pd.DataFrame | None = None) -> list[dict]:
         """Per-strategy summaries with speed-up and the lossless check against the autoregressive lane."""
         frame = self.iterations() if frame is None else frame
@@ -109,6 +116,13 @@ class Snapshot:
             row.update(self.meta)
             rows.append(row)
         return rows
+
+
+def _with_meta(frame: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    frame = frame.copy()
+    for key, value in meta.items():
+        frame[key] = value
+    return frame
 
 
 def race(pair, prompt: str, strategies: list[str], settings: DecodeSettings, chat: bool = False,
