@@ -200,23 +200,57 @@ def _load_tiny(dtype: torch.dtype, device: torch.device) -> ModelPair:
 # folders, hub ids and the embedded pair
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP probe of the Hub, so an offline machine fails in seconds, not after a minute of retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0"):
+        return False
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _load_hf(model_id: str, dtype: torch.dtype, device: torch.device):
+    """Load a model + tokenizer from a local folder, the local Hub cache, or the Hub itself."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    is_dir = Path(model_id).expanduser().is_dir()
-    looks_like_path = model_id.startswith((".", "/", "~")) or os.sep in model_id.strip("/").split("/", 1)[-1]
-    if not is_dir and looks_like_path:
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        sources = [(str(path), {})]
+    elif model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:
         raise ModelLoadError(f"model folder not found: {model_id}")
-    source = str(Path(model_id).expanduser()) if is_dir else model_id
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-    except (OSError, ValueError) as exc:  # transformers raises OSError for missing repos and network failures
-        where = "folder" if is_dir else "model id"
-        hint = "" if is_dir else " (not a local folder, and the Hugging Face Hub could not be reached or has no such repo)"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"cannot load {where} {model_id!r}{hint}: {first}") from exc
-    return model.to(device).eval(), tokenizer
+    else:
+        # already downloaded? then no network is needed at all
+        sources = [(model_id, {"local_files_only": True})]
+        if _hub_reachable():
+            sources.append((model_id, {}))
+    error: BaseException | None = None
+    for source, kwargs in sources:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+            return model.to(device).eval(), tokenizer
+        except (OSError, ValueError) as exc:  # transformers raises OSError for missing repos and network failures
+            error = exc
+    if path.is_dir():
+        raise ModelLoadError(f"cannot load model folder {model_id!r}: {_first_line(error)}") from error
+    if len(sources) == 1:
+        raise ModelLoadError(
+            f"cannot load model id {model_id!r}: it is not a local folder, not in the Hugging Face cache, "
+            "and the Hugging Face Hub cannot be reached from this machine"
+        ) from error
+    raise ModelLoadError(f"cannot load model id {model_id!r} from the Hugging Face Hub: {_first_line(error)}") from error
 
 
 def _load_folders(name: str, target_id: str, assistant_id: str, dtype: torch.dtype, device: torch.device) -> ModelPair:
@@ -225,11 +259,11 @@ def _load_folders(name: str, target_id: str, assistant_id: str, dtype: torch.dty
     return _make_pair(name, target_id, assistant_id, target, assistant, t_tok, a_tok, dtype, device)
 
 
-def _load_embedded(dtype: torch.dtype, device: torch.device, progress: bool) -> ModelPair:
+def _load_embedded(dtype: torch.dtype, device: torch.device, progress: bool, log) -> ModelPair:
     from disco import embedded
 
     try:
-        folders = embedded.prepare(progress=progress)
+        folders = embedded.prepare(progress=progress, log=log)
     except embedded.EmbeddedError as exc:
         raise ModelLoadError(str(exc)) from exc
     pair = _load_folders(EMBEDDED, str(folders["target"]), str(folders["assistant"]), dtype, device)
@@ -280,8 +314,9 @@ def parse_models_spec(spec: str) -> tuple[str, str] | None:
     return target, assistant
 
 
-def load_pair(spec: str = EMBEDDED, dtype: str = "auto", device: str = "auto", progress: bool = True) -> ModelPair:
-    """Load (once per process) the pair named by ``spec``."""
+def load_pair(spec: str = EMBEDDED, dtype: str = "auto", device: str = "auto", progress: bool = True,
+              log=print) -> ModelPair:
+    """Load (once per process) the pair named by ``spec``; ``log`` receives one-line progress messages."""
     dev = resolve_device(device)
     # the tiny models are defined in fp32; bf16 would only make them noisier
     dt = torch.float32 if spec == TINY and dtype == "auto" else resolve_dtype(dtype, dev)
@@ -294,9 +329,11 @@ def load_pair(spec: str = EMBEDDED, dtype: str = "auto", device: str = "auto", p
         if spec.strip() == TINY:
             pair = _load_tiny(dt, dev)
         elif spec.strip() == EMBEDDED:
-            pair = _load_embedded(dt, dev, progress)
+            pair = _load_embedded(dt, dev, progress, log)
         else:
             pair = _load_folders(spec.strip(), folders[0], folders[1], dt, dev)
         pair.load_seconds = time.perf_counter() - start
+        if spec.strip() != TINY:
+            log(f"models loaded in {pair.load_seconds:.1f} s ({pair.dtype_name}, {pair.device_name})")
         _PAIRS[key] = pair
         return pair

