@@ -96,7 +96,8 @@ def _fmt(value, spec: str) -> str:
     return format(value, spec)
 
 
-def print_table(summaries: list[dict], out=sys.stdout) -> None:
+def print_table(summaries: list[dict], out=None) -> None:
+    out = out or sys.stdout
     head = ["strategy", "tokens", "seconds", "tok/s", "speed-up", "target", "draft", "accept", "mean K", "TTFT ms", "identical"]
     rows = []
     for s in summaries:

@@ -90,13 +90,40 @@ class ModelPair:
 # dtype and device
 
 
-def cpu_supports_fast_bf16() -> bool:
-    """bf16 matmuls are fast on CPUs with AVX512-BF16 or AMX; elsewhere they are emulated and slow."""
+def cpu_has_bf16_flags() -> bool:
+    """AVX512-BF16 or AMX: bf16 matmuls run natively (elsewhere oneDNN may emulate them)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
     return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
+
+
+_BF16_PROBE: bool | None = None
+
+
+def cpu_bf16_is_faster(rows: int = 4096, cols: int = 2048, reps: int = 6) -> bool:
+    """A quick matmul probe (~0.2 s, once per process): is a decode-shaped bf16 matmul clearly faster here?
+
+    Decoding one token is a chain of matrix-vector products bounded by memory traffic, which bf16
+    halves; whether that wins depends on the CPU's bf16 kernels, so measure instead of guessing.
+    Interleaved minimum times keep a busy machine from biasing one side.
+    """
+    global _BF16_PROBE
+    if _BF16_PROBE is None:
+        gen = torch.Generator().manual_seed(0)
+        w32 = torch.randn(rows, cols, generator=gen)
+        x32 = torch.randn(4, cols, generator=gen)
+        pairs = {torch.float32: (w32, x32), torch.bfloat16: (w32.bfloat16(), x32.bfloat16())}
+        best = {dt: float("inf") for dt in pairs}
+        with torch.inference_mode():
+            for _ in range(reps):
+                for dt, (w, x) in pairs.items():
+                    start = time.perf_counter()
+                    torch.nn.functional.linear(x, w)
+                    best[dt] = min(best[dt], time.perf_counter() - start)
+        _BF16_PROBE = best[torch.bfloat16] < 0.85 * best[torch.float32]
+    return _BF16_PROBE
 
 
 def resolve_device(device: str) -> torch.device:
@@ -111,7 +138,7 @@ def resolve_device(device: str) -> torch.device:
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
-        if device.type == "cuda" or cpu_supports_fast_bf16():
+        if device.type == "cuda" or cpu_has_bf16_flags() or cpu_bf16_is_faster():
             return torch.bfloat16
         return torch.float32
     table = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -286,6 +313,9 @@ def _make_pair(name, target_id, assistant_id, target, assistant, t_tok, a_tok, d
     target = target.to(device=device, dtype=dtype).eval()
     assistant = assistant.to(device=device, dtype=dtype).eval()
     context = min(getattr(m.config, "max_position_embeddings", None) or 10**9 for m in (target, assistant))
+    # the engine checks prompt length against ``context`` itself; the tokenizer's own warning would be noise
+    if hasattr(t_tok, "model_max_length"):
+        t_tok.model_max_length = 10**9
     eos = target.generation_config.eos_token_id if target.generation_config is not None else None
     if eos is None:
         eos = t_tok.eos_token_id

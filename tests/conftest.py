@@ -35,10 +35,11 @@ class IdTokenizer:
         return self.vocab
 
 
-def make_small_pair(vocab: int = 4, seed: int = 0, sharpness: float = 4.0):
-    """A target and an independently initialised assistant over a tiny vocabulary.
+def make_small_pair(vocab: int = 4, seed: int = 0, sharpness: float = 0.5, noise: float = 0.5):
+    """A target and a perturbed copy of it as the assistant, over a tiny vocabulary.
 
-    They disagree often, so the rejection rule is exercised on every path. No token is EOS.
+    Their distributions differ clearly but overlap, so drafts are accepted about half the time and
+    the rejection rule is exercised on every path. No token is EOS.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -56,7 +57,12 @@ def make_small_pair(vocab: int = 4, seed: int = 0, sharpness: float = 4.0):
 
     state = torch.random.get_rng_state()
     try:
-        target, assistant = model(seed), model(seed + 100)
+        target = model(seed)
+        assistant = model(seed)
+        gen = torch.Generator().manual_seed(seed + 100)
+        with torch.no_grad():
+            for p in assistant.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * noise * p.std().clamp_min(1e-3))
     finally:
         torch.random.set_rng_state(state)
     return ModelPair("small", target, assistant, IdTokenizer(vocab), "small-target", "small-assistant",

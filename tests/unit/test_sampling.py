@@ -53,7 +53,8 @@ def sample_counts(pair, settings: DecodeSettings, strategy: str) -> tuple[dict[t
 def p_value(counts: dict[tuple, int], probs: dict[tuple, float]) -> float:
     keys = sorted(probs)
     observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    expected = np.array([probs[k] for k in keys]) * observed.sum()
+    expected = np.array([probs[k] for k in keys], dtype=float)
+    expected = expected / expected.sum() * observed.sum()
     # pool the rare cells so the chi-square approximation holds (expected >= 5 per bin)
     order = np.argsort(expected)
     obs_bins, exp_bins, o_acc, e_acc = [], [], 0.0, 0.0
@@ -67,6 +68,7 @@ def p_value(counts: dict[tuple, int], probs: dict[tuple, float]) -> float:
     if e_acc > 0:
         obs_bins[-1] += o_acc
         exp_bins[-1] += e_acc
+    exp_bins = np.array(exp_bins) * (sum(obs_bins) / sum(exp_bins))  # exact totals for scipy's check
     return float(chisquare(obs_bins, exp_bins).pvalue)
 
 

@@ -1,0 +1,144 @@
+"""The command line's contracts: --json, --csv, --tokens-csv, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from disco.__main__ import JSON_FIELDS, main
+from disco.trace import parse_confidences
+
+ROOT = Path(__file__).resolve().parents[2]
+STRATEGIES = ["autoregressive", "static:4", "heuristic:2", "threshold:0.4:20", "threshold:0.7:6", "oracle"]
+CSV_COLUMNS = ["strategy", "iteration", "lookahead", "accepted", "emitted", "stop_reason", "min_confidence",
+               "threshold", "draft_ms", "verify_ms", "iteration_ms", "elapsed_ms", "new_tokens", "dtype", "device"]
+REQUIRED_JSON = ["strategy", "text", "new_tokens", "seconds", "tokens_per_s", "speedup", "target_calls", "draft_calls",
+                 "acceptance_rate", "mean_lookahead", "identical_to_autoregressive"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "disco", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=300)
+
+
+def test_generate_json_and_csv_contracts(tmp_path):
+    csv_path, tok_path = tmp_path / "trace.csv", tmp_path / "tokens.csv"
+    args = ["generate", "--models", "tiny", "--prompt", "def add(a, b):", "--max-new-tokens", "40", "--json",
+            "--csv", str(csv_path), "--tokens-csv", str(tok_path)]
+    for s in STRATEGIES:
+        args += ["--strategy", s]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["strategy"] for r in rows] == STRATEGIES
+    for r in rows:
+        assert set(REQUIRED_JSON) <= set(r)
+        assert r["identical_to_autoregressive"] is True
+        assert r["new_tokens"] == 40 or r["finish_reason"] == "eos"
+        assert r["dtype"] == "fp32" and r["device"] == "cpu"
+    assert len({r["text"] for r in rows}) == 1
+    assert rows[0]["speedup"] == 1.0 and rows[0]["draft_calls"] == 0
+
+    trace = pd.read_csv(csv_path)
+    assert set(CSV_COLUMNS) <= set(trace.columns)
+    assert list(trace["strategy"].unique()) == STRATEGIES  # each SPEC exactly as written
+    for r in rows:
+        lane = trace[trace["strategy"] == r["strategy"]]
+        assert lane["emitted"].sum() == r["new_tokens"] == lane["new_tokens"].iloc[-1]
+        assert len(lane) == r["target_calls"]
+        assert (lane["accepted"] <= lane["lookahead"]).all()
+        assert lane["elapsed_ms"].is_monotonic_increasing
+        conf = lane[lane["stop_reason"] == "confidence"]
+        assert (conf["min_confidence"] < conf["threshold"]).all()
+        for cell, k in zip(lane["confidences"], lane["lookahead"]):
+            assert len(parse_confidences(cell)) == k
+
+    tokens = pd.read_csv(tok_path, keep_default_na=False)
+    assert {"strategy", "position", "token_id", "text", "source", "draft_prob", "iteration"} <= set(tokens.columns)
+    for r in rows:
+        assert (tokens["strategy"] == r["strategy"]).sum() == r["new_tokens"]
+
+
+def test_readable_table_without_json(capsys):
+    assert main(["generate", "--models", "tiny", "--prompt", "hello world", "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    for spec in ("autoregressive", "static:5", "threshold:0.4:20"):
+        assert spec in out
+    assert "speed-up" in out and "identical" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--prompt", ""], "prompt is empty"),
+    (["--prompt", "   \n"], "prompt is empty"),
+    (["--prompt", "x", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["--prompt", "x", "--max-new-tokens", "-5"], "max_new_tokens"),
+    (["--prompt", "x", "--max-new-tokens", "1000000"], "max_new_tokens"),
+    (["--prompt", "x", "--max-new-tokens", "ten"], "integer"),
+    (["--prompt", "x", "--strategy", "threshold:1.5"], "threshold"),
+    (["--prompt", "x", "--strategy", "threshold:-0.1:20"], "threshold"),
+    (["--prompt", "x", "--strategy", "static:0"], "K"),
+    (["--prompt", "x", "--strategy", "heuristic:-2"], "K"),
+    (["--prompt", "x", "--strategy", "oracle:0"], "KMAX"),
+    (["--prompt", "x", "--strategy", "banana"], "unknown strategy"),
+    (["--prompt", "x", "--strategy", "static"], "unknown strategy"),
+    (["--prompt", "x", "--sample", "--temperature", "0"], "temperature"),
+    (["--prompt", "x", "--sample", "--strategy", "oracle"], "greedy"),
+    (["--prompt", "x" * 5000], "context"),
+    (["--prompt", "x" * 1000, "--max-new-tokens", "200"], "context"),
+    (["--prompt-file", "/no/such/file.txt"], "cannot read prompt file"),
+    (["--prompt", "x", "--csv", "/no/such/dir/t.csv"], "does not exist"),
+    (["--models", "nonsense", "--prompt", "x"], "unknown models"),
+    (["--models", "/no/such/target::/no/such/assistant", "--prompt", "x"], "not found"),
+    ([], "prompt"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, args, needle):
+    if "--models" not in args:
+        args = ["--models", "tiny", *args]
+    assert main(["generate", *args]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("disco: error:") and needle in lines[0]
+
+
+def test_bad_input_in_a_real_process_has_no_traceback():
+    """The same contract seen from outside: one stderr line, exit code 2, no traceback."""
+    for args in (["generate", "--models", "tiny", "--prompt", "x", "--strategy", "threshold:2"],
+                 ["generate", "--models", "tiny", "--prompt", ""],
+                 ["frobnicate"]):
+        proc = run_cli(*args)
+        assert proc.returncode == 2
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_unknown_hub_id_offline_fails_fast_and_clearly(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["generate", "--models", "no-such-org/no-such-model::no-such-org/other", "--prompt", "x"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("disco: error: cannot load model id 'no-such-org/no-such-model'")
+
+
+def test_mismatched_vocabularies_are_refused(tiny_pair):
+    from disco.models import ModelLoadError, _make_pair, build_tiny_models
+
+    target, assistant = build_tiny_models(len(tiny_pair.tokenizer))
+    _, smaller = build_tiny_models(len(tiny_pair.tokenizer) - 1)
+    with pytest.raises(ModelLoadError, match="output logits"):
+        _make_pair("x", "t", "a", target, smaller, tiny_pair.tokenizer, tiny_pair.tokenizer, tiny_pair.dtype,
+                   tiny_pair.device)
+
+    class OtherTokenizer:
+        def get_vocab(self):
+            return {"a": 0}
+
+    with pytest.raises(ModelLoadError, match="different tokenizers"):
+        _make_pair("x", "t", "a", target, assistant, tiny_pair.tokenizer, OtherTokenizer(), tiny_pair.dtype,
+                   tiny_pair.device)
