@@ -210,15 +210,17 @@ def cmd_models_list(args) -> int:
     print("tiny       ready      random 6-layer target + 2-layer assistant built in code (tests, quick demos)")
     state = embedded.status()
     ready = all(state[r]["ready"] for r in ("target", "assistant"))
-    installed = all(state[r]["installed"] for r in ("target", "assistant"))
+    installed = all(state[r]["packages_installed"] for r in ("target", "assistant"))
     word = "ready" if ready else ("prepare" if installed else "missing")
     print(f"embedded   {word:9s}  Qwen2.5-Coder-1.5B-Instruct + 0.5B-Instruct from PyPI data wheels (default)")
     for role in ("target", "assistant"):
         s = state[role]
-        detail = f"{s['path']} ({_human(s['size'])})" if s["ready"] else (
-            "run: python -m disco models prepare" if s["installed"] else f"missing packages: {', '.join(s['missing'])}")
+        detail = f"{s['path']} ({_human(s['size_bytes'])})" if s["ready"] else (
+            "run: python -m disco models prepare" if s["packages_installed"]
+            else f"missing packages: {', '.join(s['missing_packages'])}")
         print(f"  {role:9s} {detail}")
-    print(f"hub pair   online     {HUB_PAIR} (any TARGET::ASSISTANT folders or hub ids)")
+    print(f"TARGET::ASSISTANT     any two local folders or hub ids sharing a tokenizer (needs the Hub), e.g.\n"
+          f"  {HUB_PAIR}")
     return 0
 
 

@@ -142,3 +142,12 @@ def test_mismatched_vocabularies_are_refused(tiny_pair):
     with pytest.raises(ModelLoadError, match="different tokenizers"):
         _make_pair("x", "t", "a", target, assistant, tiny_pair.tokenizer, OtherTokenizer(), tiny_pair.dtype,
                    tiny_pair.device)
+
+
+def test_models_list_shows_every_preset(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DISCO_CACHE", str(tmp_path))  # an empty cache: embedded is installed but not prepared
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out and "ready" in out
+    assert "embedded" in out and "models prepare" in out
+    assert "TARGET::ASSISTANT" in out
