@@ -24,12 +24,12 @@ from disco.trace import STOP_CONFIDENCE, STOP_NONE, parse_confidences
 # Okabe-Ito, colour-blind safe. One hue per kind of policy; variants of a kind get shades of it.
 KIND_COLORS = {
     "autoregressive": "#6b7280",  # grey: the baseline
-    "static": "#0072B2",          # blue
-    "threshold": "#D55E00",       # vermillion: the dynamic (DISCO) lane
-    "heuristic": "#009E73",       # bluish green
-    "oracle": "#CC79A7",          # reddish purple
+    "static": "#0072b2",          # blue
+    "threshold": "#d55e00",       # vermillion: the dynamic (DISCO) lane
+    "heuristic": "#009e73",       # bluish green
+    "oracle": "#cc79a7",          # reddish purple
 }
-OTHER_COLORS = ("#E69F00", "#56B4E9", "#F0E442", "#000000")
+OTHER_COLORS = ("#e69f00", "#56b4e9", "#8c6d31", "#000000")  # Okabe-Ito minus the pale yellow
 CANONICAL = ("static:5", "threshold:0.4:20", "heuristic:5", "oracle:20")  # the pure hue of their kind
 FONT = "Inter, ui-sans-serif, system-ui, -apple-system, Segoe UI, Roboto, sans-serif"
 HEIGHT = 380
@@ -298,7 +298,8 @@ def confidence_figure(frame: pd.DataFrame, strategies: list[str] | None = None) 
                                line=dict(color=line_color, width=2 if own else 1.2, dash="dash" if own else "dot")))
             layout["annotations"].append(dict(
                 text=f"τ = {tau:g}" + ("" if own else f" ({owner})"), xref=f"x{suffix} domain", x=1.0, xanchor="right",
-                yref=f"y{suffix}", y=tau, yanchor="bottom", showarrow=False, font=dict(size=10, color=line_color)))
+                yref=f"y{suffix}", y=tau, yanchor="bottom", showarrow=False, font=dict(size=10, color=line_color),
+                bgcolor="rgba(255,255,255,0.85)", borderpad=1))
     layout["shapes"] = shapes
     return _figure(data, layout, CONFIDENCE_TITLE, height=max(HEIGHT, 190 * len(lanes) + 90))
 

@@ -32,7 +32,8 @@ from disco.trace import SOURCE_AUTOREGRESSIVE, SOURCE_BONUS, SOURCE_CORRECTION, 
 log = logging.getLogger("disco.ui")
 
 USER_ERRORS = (InputError, StrategyError, ModelLoadError)
-UPDATE_INTERVAL_S = 0.25  # gr.Plot redraws whole figures: ~4 updates a second is what a browser keeps up with
+UPDATE_INTERVAL_S = 0.25  # lanes, numbers and status: ~4 updates a second
+PLOT_INTERVAL_S = 1.0     # gr.Plot redraws whole figures (Plotly.react on 4 charts): more often stalls the browser
 
 # the lanes' policy menus: every kind the engine knows except the baseline (which has its own toggle)
 LANE_KINDS = [info.kind for info in STRATEGY_KINDS if info.kind != AUTOREGRESSIVE]
@@ -210,38 +211,37 @@ LEGEND_HTML = (
 )
 
 
+def _missing(x) -> bool:
+    try:
+        return x is None or bool(pd.isna(x))
+    except (TypeError, ValueError):
+        return True
+
+
 def _num(x, fmt: str, dash: str = "—") -> str:
     try:
-        if x is None or (isinstance(x, float) and math.isnan(x)):
-            return dash
-        return format(x, fmt)
+        return dash if _missing(x) else format(x, fmt)
     except (TypeError, ValueError):
         return dash
 
 
 def _token_spans(tokens: pd.DataFrame, decode: Callable[[list[int]], str] | None) -> str:
-    """Coloured, escaped token spans. Byte-level BPE can split one character over several tokens (each
-    decodes to U+FFFD alone); with ``decode`` such runs are joined and decoded together."""
-    parts = []
+    """Coloured, escaped token spans with a tooltip each. Byte-level BPE splits some characters (emoji,
+    CJK) over several tokens that each decode to U+FFFD; with ``decode`` such a run (up to 4 tokens) is
+    decoded together and shown as one span, coloured by its last token."""
     rows = list(tokens.itertuples(index=False))
-    i = 0
+    parts, i = [], 0
     while i < len(rows):
-        row = rows[i]
-        text, group = str(row.text), [row]
+        group, text = rows[i:i + 1], str(rows[i].text)
         if decode is not None and "\ufffd" in text:
-            j = i + 1
-            while j < len(rows) and j - i < 4:
-                group.append(rows[j])
-                joined = decode([int(r.token_id) for r in group])
-                j += 1
+            for n in range(2, min(4, len(rows) - i) + 1):
+                joined = decode([int(r.token_id) for r in rows[i:i + n]])
                 if "\ufffd" not in joined:
-                    text = joined
+                    group, text = rows[i:i + n], joined
                     break
-            else:
-                group = [row]
         i += len(group)
         last = group[-1]
-        prob = "" if pd.isna(last.draft_prob) else f" · draft p = {last.draft_prob:.3f}"
+        prob = "" if _missing(last.draft_prob) else f" · draft p = {last.draft_prob:.3f}"
         title = f"iteration {last.iteration} · {SOURCE_LABELS.get(last.source, last.source)}{prob}"
         cls = f"t-{last.source}" + (" t-special" if _is_special(text) else "")
         parts.append(f'<span class="{cls}" title="{html.escape(title)}">{html.escape(text)}</span>')
@@ -253,22 +253,21 @@ def _is_special(text: str) -> bool:
 
 
 def lane_numbers(summary: dict, base: dict | None) -> dict:
-    """The live figures of one lane. Speed-up is final once both it and the baseline are done; before
-    that it is estimated from the two lanes' token rates so far (shown with ≈)."""
-    speedup, estimate = summary.get("speedup", math.nan), False
-    if (speedup is None or (isinstance(speedup, float) and math.isnan(speedup))) and base is not None:
-        rate, base_rate = summary.get("tokens_per_s") or 0.0, base.get("tokens_per_s") or 0.0
-        if summary["strategy"] != AUTOREGRESSIVE and rate > 0 and base_rate > 0:
-            speedup, estimate = rate / base_rate, True
-        elif summary["strategy"] == AUTOREGRESSIVE:
-            speedup = 1.0
+    """The live figures of one lane. The speed-up is final once the lane and the baseline are both done;
+    before that it is estimated from the two lanes' token rates so far (shown with ≈)."""
+    baseline = summary["strategy"] == AUTOREGRESSIVE
+    speedup, approx = summary.get("speedup"), ""
+    if baseline:
+        speedup = 1.0
+    elif _missing(speedup) and base is not None and (base.get("tokens_per_s") or 0) > 0:
+        speedup, approx = (summary.get("tokens_per_s") or 0.0) / base["tokens_per_s"], "≈"
+    rate = summary.get("acceptance_rate")
     return {
         "new tokens": _num(summary.get("new_tokens"), "d"),
         "tokens/s": _num(summary.get("tokens_per_s"), ".1f"),
-        "speed-up": ("≈" if estimate else "") + _num(speedup, ".2f") + ("×" if _num(speedup, ".2f") != "—" else ""),
-        "acceptance": _num(100 * summary["acceptance_rate"], ".0f") + " %"
-        if summary.get("acceptance_rate") is not None and not math.isnan(summary.get("acceptance_rate", math.nan)) else "—",
-        "mean lookahead": _num(summary.get("mean_lookahead"), ".1f") if summary["strategy"] != AUTOREGRESSIVE else "0",
+        "speed-up": "—" if _missing(speedup) or not speedup else f"{approx}{speedup:.2f}×",
+        "acceptance": "—" if _missing(rate) else f"{100 * rate:.0f} %",
+        "mean lookahead": "0" if baseline else _num(summary.get("mean_lookahead"), ".1f"),
         "target passes": _num(summary.get("target_calls"), "d"),
     }
 
@@ -285,8 +284,9 @@ def lanes_html(strategies: list[str], tokens: pd.DataFrame | None, summaries: li
         summary = by_strategy.get(spec)
         if summary is not None:
             numbers = lane_numbers(summary, base)
-            state = ("done" if summary.get("done") else "running")
-            state_text = f"done · {summary.get('finish_reason') or ''}".rstrip(" ·") if summary.get("done") else "running"
+            done = bool(summary.get("done"))
+            state = "done" if done else "running"
+            state_text = f"done · {summary.get('finish_reason')}" if done and summary.get("finish_reason") else state
         else:
             numbers = dict.fromkeys(("new tokens", "tokens/s", "speed-up", "acceptance", "mean lookahead",
                                      "target passes"), "—")
@@ -326,10 +326,10 @@ def summary_frame(summaries: list[dict] | None) -> pd.DataFrame:
     for s in summaries or []:
         same = s.get("identical_to_autoregressive")
         rows.append([
-            s["strategy"], int(s["new_tokens"]), round(s["seconds"], 2), round(s["tokens_per_s"], 2),
-            _num(s.get("speedup"), ".2f"),
-            _num(100 * s["acceptance_rate"], ".1f") + " %" if not pd.isna(s.get("acceptance_rate")) else "—",
-            round(s["mean_lookahead"], 2) if not pd.isna(s.get("mean_lookahead")) else "—",
+            s["strategy"], int(s["new_tokens"]), _num(s.get("seconds"), ".2f"), _num(s.get("tokens_per_s"), ".1f"),
+            "—" if _missing(s.get("speedup")) else f"{s['speedup']:.2f}×",
+            "—" if _missing(s.get("acceptance_rate")) else f"{100 * s['acceptance_rate']:.1f} %",
+            _num(s.get("mean_lookahead"), ".2f"),
             int(s["target_calls"]), int(s["draft_calls"]), _num(s.get("ttft_ms"), ".0f"),
             {True: "yes", False: "no", None: "—"}.get(same, "—"),
         ])
@@ -403,16 +403,18 @@ def _status(snapshot, wall: float, final: bool, notes: list[str]) -> str:
     return f"✓ **Done** in {wall:.1f} s{speed} · {same}{extra}  \n<small>{where}</small>"
 
 
-def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None, files=(None, None)) -> tuple:
-    """All of the page's outputs for one snapshot, in OUTPUT_LABELS order."""
+def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None, files=(None, None),
+           figures: bool = True) -> tuple:
+    """All of the page's outputs for one snapshot, in OUTPUT_LABELS order (``gr.skip()`` for what is unchanged:
+    the CSV files until the end, the figures when ``figures`` is false)."""
     frame = snapshot.iterations()
     summaries = snapshot.summaries(frame)
     strategies = snapshot.strategies
-    figures = plots.all_figures(frame, strategies)
+    figs = plots.all_figures(frame, strategies) if figures or final else (gr.skip(),) * 4
     return (
         _status(snapshot, wall, final, notes),
         lanes_html(strategies, snapshot.tokens(), summaries, decode),
-        *figures,
+        *figs,
         summary_frame(summaries),
         files[0] if final else gr.skip(),
         files[1] if final else gr.skip(),
@@ -423,7 +425,8 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
             threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
             max_new_tokens=DEFAULTS.max_new_tokens, baseline: bool = DEFAULTS.baseline, chat: bool = DEFAULTS.chat,
             sample: bool = DEFAULTS.sample, temperature=DEFAULTS.temperature, top_p=DEFAULTS.top_p,
-            seed=DEFAULTS.seed, *, interval: float = UPDATE_INTERVAL_S) -> Iterator[tuple]:
+            seed=DEFAULTS.seed, *, interval: float = UPDATE_INTERVAL_S,
+            plot_interval: float = PLOT_INTERVAL_S) -> Iterator[tuple]:
     """Race the lanes and stream the page's outputs (see OUTPUT_LABELS).
 
     ``get_pair`` is a ModelPair or a function returning one (it may wait for start-up loading).
@@ -452,14 +455,19 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
     try:
         pair = get_pair() if callable(get_pair) else get_pair
         decode = getattr(pair, "decode", None)
-        last, cost = -math.inf, 0.0
+        last = last_plot = -math.inf
+        cost = 0.0
         for snapshot in race(pair, prompt, strategies, settings, chat=bool(chat)):
             now = time.perf_counter()
             # never spend more than about a third of the wall time on drawing (the lanes' own clocks don't
             # count it, but a visitor waits for it)
             if not snapshot.finished and now - last >= max(interval, 2.0 * cost):
-                update = render(snapshot, final=False, wall=now - start, notes=notes, decode=decode)
+                # the browser redraws four whole Plotly charts per update: they get a slower cadence than the text
+                with_figures = now - last_plot >= max(plot_interval, interval)
+                update = render(snapshot, final=False, wall=now - start, notes=notes, decode=decode,
+                                figures=with_figures)
                 cost = time.perf_counter() - now
+                last_plot = now if with_figures else last_plot
                 yield update
                 last = time.perf_counter()
     except USER_ERRORS as exc:
@@ -557,7 +565,7 @@ with sampling, a rejection rule keeps exactly the target's distribution.
 How many tokens to draft per iteration, the **speculation lookahead** (SL), decides the speed-up. A **static** SL
 drafts K tokens every time: it wastes assistant passes where the assistant is unsure and stops too early where it
 is sure. **DISCO** (Mamou et al. 2024, *Dynamic Speculation Lookahead Accelerates Speculative Decoding of Large
-Language Models*) chooses the SL per iteration. Its unsupervised form, adopted by 🤗 transformers as
+Language Models*) chooses the SL per iteration. Its unsupervised form, adopted by Hugging Face transformers as
 `assistant_confidence_threshold`, stops drafting as soon as the assistant's probability for the token it just
 drafted falls below a threshold τ (that token is still verified). τ = 0.4 with at most 20 drafts was found almost
 optimal and is transformers' default, which is this app's default dynamic lane.

@@ -1,0 +1,111 @@
+"""DISCO Lab: static vs dynamic speculation lookahead, side by side (Gradio app; logic in disco/ui.py).
+
+    python app.py                      # the embedded Qwen2.5-Coder 1.5B/0.5B pair
+    DISCO_MODELS=tiny python app.py    # tiny random models: instant, for trying the UI
+"""
+
+from __future__ import annotations
+
+import os
+
+import gradio as gr
+
+from disco import plots, ui
+
+THEME = gr.themes.Soft(primary_hue="orange", neutral_hue="slate")
+PAGE_CSS = ".gradio-container { max-width: 1600px !important; } #disco-status p { margin: 0; }"
+
+
+def build_demo(models: str | None = None) -> gr.Blocks:
+    loader = ui.ModelLoader(models or os.environ.get("DISCO_MODELS", "embedded")).start()
+    d = ui.DEFAULTS
+
+    def compare(prompt, lane_a=d.lane_a, lane_b=d.lane_b, k=d.k, threshold=d.threshold, max_lookahead=d.max_lookahead,
+                max_new_tokens=d.max_new_tokens, baseline=d.baseline, chat=d.chat, sample=d.sample,
+                temperature=d.temperature, top_p=d.top_p, seed=d.seed):
+        yield from ui.compare(loader.get, prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens,
+                              baseline, chat, sample, temperature, top_p, seed)
+
+    with gr.Blocks(title="DISCO Lab: dynamic speculation lookahead") as demo:
+        gr.Markdown("# DISCO Lab\nSpeculative decoding with a **static** and a **dynamic** (confidence-thresholded) "
+                    "speculation lookahead, racing side by side against the target model alone.")
+        model_status = gr.Markdown(loader.status(), elem_id="disco-status")
+        with gr.Tab("Race"):
+            with gr.Row():
+                with gr.Column(scale=5):
+                    prompt = gr.Textbox(label="Prompt", lines=6, placeholder="Type a prompt or pick an example below",
+                                        elem_id="prompt")
+                    gr.Examples(ui.EXAMPLES, inputs=[prompt], label="Examples: code, explanation, summary, story",
+                                cache_examples=False)
+                with gr.Column(scale=4):
+                    with gr.Row():
+                        lane_a = gr.Dropdown(ui.LANE_KINDS, value=d.lane_a, label="Lane A policy", allow_custom_value=True,
+                                             info="or type a spec, e.g. heuristic:3")
+                        lane_b = gr.Dropdown(ui.LANE_KINDS, value=d.lane_b, label="Lane B policy", allow_custom_value=True,
+                                             info="or type a spec, e.g. threshold:0.3:8")
+                    k = gr.Slider(1, 32, value=d.k, step=1, label="Static lookahead K (static / heuristic lanes)",
+                                  elem_id="k")
+                    threshold = gr.Slider(0, 1, value=d.threshold, step=0.05, label="Confidence threshold τ (threshold lane)",
+                                          elem_id="threshold")
+                    max_lookahead = gr.Slider(1, 32, value=d.max_lookahead, step=1,
+                                              label="Maximum lookahead (threshold / oracle lanes)", elem_id="max-lookahead")
+                    with gr.Row():
+                        max_new_tokens = gr.Slider(1, 512, value=d.max_new_tokens, step=1, label="Max new tokens",
+                                                   elem_id="max-new-tokens", scale=3)
+                        with gr.Column(min_width=160, scale=2):
+                            baseline = gr.Checkbox(value=d.baseline, label="Autoregressive baseline")
+                            chat = gr.Checkbox(value=d.chat, label="Chat template")
+                    with gr.Accordion("Sampling", open=False):
+                        sample = gr.Checkbox(value=d.sample, label="Sample instead of greedy decoding")
+                        with gr.Row():
+                            temperature = gr.Slider(0.05, 2, value=d.temperature, step=0.05, label="Temperature")
+                            top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="Top-p")
+                            seed = gr.Number(value=d.seed, precision=0, label="Seed", minimum=0)
+                    with gr.Row():
+                        run = gr.Button("▶ Run", variant="primary", elem_id="run")
+                        stop = gr.Button("■ Stop", variant="stop", elem_id="stop")
+            run_status = gr.Markdown("Ready: press **Run**.", elem_id="run-status", min_height=48)
+            lanes = gr.HTML(ui.empty_lanes_html(), css_template=ui.LANES_CSS, js_on_load=None, elem_id="lanes")
+            with gr.Row():
+                race_plot = gr.Plot(plots.empty_figure(plots.RACE_TITLE), show_label=False, elem_id="plot-race")
+                lookahead_plot = gr.Plot(plots.empty_figure(plots.LOOKAHEAD_TITLE), show_label=False, elem_id="plot-lookahead")
+            with gr.Row():
+                latency_plot = gr.Plot(plots.empty_figure(plots.LATENCY_TITLE), show_label=False, elem_id="plot-latency")
+                confidence_plot = gr.Plot(plots.empty_figure(plots.CONFIDENCE_TITLE), show_label=False, elem_id="plot-confidence")
+            summary = gr.Dataframe(ui.summary_frame([]), label="Summary", interactive=False, elem_id="summary")
+            with gr.Row():
+                iterations_csv = gr.File(label="Download CSV: per-iteration trace", elem_id="iterations-csv")
+                tokens_csv = gr.File(label="Download CSV: per-token trace", elem_id="tokens-csv")
+        with gr.Tab("Sweep"):
+            try:
+                from disco.sweep_tab import build_sweep_tab
+            except ImportError:
+                gr.Markdown("The sweep tab is not available in this build (`disco.sweep_tab` is missing).")
+            else:
+                build_sweep_tab(loader.get)
+        with gr.Tab("About"):
+            gr.Markdown(ui.ABOUT_MD, latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
+                                                       {"left": "$", "right": "$", "display": False}])
+
+        inputs = [prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens, baseline, chat, sample,
+                  temperature, top_p, seed]
+        outputs = [run_status, lanes, race_plot, lookahead_plot, latency_plot, confidence_plot, summary,
+                   iterations_csv, tokens_csv]
+        run_event = run.click(compare, inputs, outputs, api_name="compare", concurrency_id="compute",
+                              concurrency_limit=1, show_progress="full", show_progress_on=[run_status])
+        stop.click(lambda: "■ **Stopped**: the lanes show where the run was; press **Run** to start again.",
+                   outputs=[run_status], cancels=[run_event], queue=False, api_visibility="private")
+        demo.load(loader.status_stream, outputs=[model_status], concurrency_limit=None, api_visibility="private",
+                  show_progress="hidden")
+    return demo
+
+
+def launch_kwargs() -> dict:
+    return {"theme": THEME, "css": PAGE_CSS}
+
+
+if __name__ == "__main__":
+    demo = build_demo()
+    demo.queue(default_concurrency_limit=1).launch(
+        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), **launch_kwargs())

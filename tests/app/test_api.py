@@ -1,0 +1,79 @@
+"""The ``compare`` endpoint through gradio_client, against the app launched in this process (tiny preset)."""
+
+from __future__ import annotations
+
+import socket
+
+import pandas as pd
+import pytest
+from gradio_client import Client
+
+import app
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def client(monkeypatch_module):
+    monkeypatch_module.setenv("DISCO_MODELS", "tiny")
+    demo = app.build_demo()
+    port = _free_port()
+    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port,
+                                                   prevent_thread_lock=True, quiet=True)
+    try:
+        yield Client(f"http://127.0.0.1:{port}/", verbose=False)
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def test_only_prompt_is_required(client):
+    info = client.view_api(return_format="dict", print_info=False)
+    params = info["named_endpoints"]["/compare"]["parameters"]
+    required = [p["parameter_name"] for p in params if not p["parameter_has_default"]]
+    assert required == ["prompt"]
+
+
+def test_compare_with_only_a_prompt_returns_a_trace_csv(client):
+    result = client.predict("Write a haiku about caches.", api_name="/compare")
+    status, iterations_csv, tokens_csv = result[0], result[-2], result[-1]
+    assert "Done" in status
+    trace = pd.read_csv(iterations_csv)
+    tokens = pd.read_csv(tokens_csv)
+    assert set(trace["strategy"]) == {"autoregressive", "static:5", "threshold:0.4:20"}
+    assert (trace["models"] == "tiny").all() and trace["dtype"].notna().all() and trace["device"].notna().all()
+    assert (trace["max_new_tokens"] == 64).all()
+    # the engine's invariants, row by row and per strategy
+    assert (trace["accepted"] <= trace["lookahead"]).all()
+    assert (trace["lookahead"] <= trace["max_lookahead"]).all()
+    for strategy, rows in trace.groupby("strategy"):
+        assert list(rows["iteration"]) == list(range(1, len(rows) + 1)), strategy
+        assert rows["emitted"].sum() == rows["new_tokens"].iloc[-1], strategy
+        assert rows["elapsed_ms"].is_monotonic_increasing, strategy
+        assert rows["new_tokens"].iloc[-1] == len(tokens[tokens["strategy"] == strategy]), strategy
+    dynamic = trace[trace["strategy"] == "threshold:0.4:20"]
+    assert (dynamic["threshold"] == 0.4).all()
+    confident = dynamic[dynamic["stop_reason"] == "max_lookahead"]
+    assert (confident["lookahead"] == confident["max_lookahead"]).all()
+
+
+def test_compare_with_keywords_and_bad_input(client):
+    result = client.predict(prompt="abc", lane_a="heuristic", lane_b="threshold", threshold=0.75, max_lookahead=6,
+                            max_new_tokens=8, baseline=False, chat=False, api_name="/compare")
+    trace = pd.read_csv(result[-2])
+    assert set(trace["strategy"]) == {"heuristic:5", "threshold:0.75:6"}
+    with pytest.raises(Exception, match="prompt is empty"):
+        client.predict("  ", api_name="/compare")
+    with pytest.raises(Exception, match="less than minimum"):  # Gradio's own slider check
+        client.predict("abc", k=0, api_name="/compare")
+    with pytest.raises(Exception, match="between 1 and 128"):  # the engine's StrategyError, as gr.Error
+        client.predict("abc", lane_a="static:999", api_name="/compare")

@@ -1,0 +1,204 @@
+"""The app's logic called directly with the tiny preset: no server, no browser."""
+
+from __future__ import annotations
+
+import re
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from disco import plots, ui
+from disco.engine import DecodeSettings
+from disco.models import TINY
+from disco.race import run_all
+from disco.trace import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT
+
+N_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_pair):  # the session's tiny pair (tests/conftest.py)
+    return tiny_pair
+
+
+@pytest.fixture(scope="module")
+def updates(pair):
+    """Every update one short run streams (intervals 0: an update, figures included, after every lane step)."""
+    return list(ui.compare(pair, "def add(a, b):", max_new_tokens=N_TOKENS, interval=0.0, plot_interval=0.0))
+
+
+@pytest.fixture(scope="module")
+def snapshot(pair):
+    return run_all(pair, "Once upon a time", ["autoregressive", "static:4", "threshold:0.4:12"],
+                   DecodeSettings(max_new_tokens=N_TOKENS))
+
+
+def _token_count(lanes: str, strategy: str) -> int:
+    card = lanes.split(f'data-strategy="{strategy}"', 1)[1].split('class="disco-lane"', 1)[0]
+    return len(re.findall(r'<span class="t-', card))
+
+
+# ------------------------------------------------------------------------------------------------
+# controls -> specs
+
+
+def test_lane_specs_from_controls():
+    assert ui.lane_spec("static", 7, 0.4, 20) == "static:7"
+    assert ui.lane_spec("heuristic", 3, 0.4, 20) == "heuristic:3"
+    assert ui.lane_spec("threshold", 5, 0.30000000000000004, 12.0) == "threshold:0.3:12"
+    assert ui.lane_spec("oracle", 5, 0.4, 9) == "oracle:9"
+    assert ui.lane_spec(" threshold:0.2:6 ", 5, 0.4, 9) == "threshold:0.2:6"  # typed spec used verbatim
+    strategies, notes = ui.lane_strategies("static", "threshold", 5, 0.4, 20, True)
+    assert strategies == ["autoregressive", "static:5", "threshold:0.4:20"] and notes == []
+    strategies, notes = ui.lane_strategies("static", "static", 5, 0.4, 20, False)
+    assert strategies == ["static:5"] and len(notes) == 2  # duplicate dropped, no baseline
+
+
+def test_every_engine_kind_is_offered():
+    from disco.policies import STRATEGY_KINDS, parse_strategy
+
+    assert set(ui.LANE_KINDS) == {k.kind for k in STRATEGY_KINDS} - {"autoregressive"}
+    for kind in ui.LANE_KINDS:
+        parse_strategy(ui.lane_spec(kind))  # every default spec is valid
+
+
+# ------------------------------------------------------------------------------------------------
+# the streamed run
+
+
+def test_compare_streams_growing_text_figures_and_final_csv(updates):
+    assert len(updates) >= 3
+    assert all(len(u) == len(ui.OUTPUT_LABELS) for u in updates)
+    first, *running, final = updates
+    assert "Starting" in first[0]
+    counts = [_token_count(u[1], "threshold:0.4:20") for u in running]
+    assert counts == sorted(counts) and counts[-1] > counts[0]  # the dynamic lane's text grows
+    for u in running:
+        assert "Running" in u[0]
+        assert all(isinstance(f, go.Figure) for f in u[2:6])
+        assert all(isinstance(x, dict) and x.get("__type__") == "update" for x in u[7:9])  # no CSV until the end
+    assert "Done" in final[0]
+    assert all(isinstance(f, go.Figure) and f.data for f in final[2:6])
+    race = final[2]
+    assert {t.name.split(" · ")[0] for t in race.data} == {"autoregressive", "static:5", "threshold:0.4:20"}
+    summary = final[6]
+    assert list(summary["lane"]) == ["autoregressive", "static:5", "threshold:0.4:20"]
+    assert (summary["new tokens"] == N_TOKENS).all()
+    iterations = pd.read_csv(final[7])
+    tokens = pd.read_csv(final[8])
+    assert set(iterations["strategy"]) == set(summary["lane"])
+    assert {"models", "dtype", "device", "max_new_tokens", "threshold", "confidences"} <= set(iterations.columns)
+    assert (iterations["models"] == TINY).all()
+    assert len(tokens) == 3 * N_TOKENS
+    for spec in summary["lane"]:
+        assert _token_count(final[1], spec) >= 1
+
+
+def test_figures_have_a_slower_cadence_than_text(pair):
+    updates = list(ui.compare(pair, "abc", max_new_tokens=N_TOKENS, interval=0.0, plot_interval=3600.0))
+    running = updates[1:-1]
+    assert len(running) >= 2
+    assert isinstance(running[0][2], go.Figure)  # the first running update draws
+    assert all(isinstance(f, dict) and f.get("__type__") == "update" for u in running[1:] for f in u[2:6])
+    assert all(isinstance(f, go.Figure) for f in updates[-1][2:6])  # the final update always draws
+
+
+def test_bad_input_becomes_gr_error(pair):
+    cases = [
+        dict(prompt="   "),                                       # empty prompt
+        dict(prompt="x" * 1100),                                  # longer than the tiny context (1024)
+        dict(prompt="hello", max_new_tokens=1020),                # prompt + new tokens over the context
+        dict(prompt="hello", max_new_tokens=0),
+        dict(prompt="hello", k=0),                                # static:0
+        dict(prompt="hello", lane_b="threshold", threshold=1.5),  # tau out of range
+        dict(prompt="hello", lane_a="warp-drive"),                # unknown policy
+        dict(prompt="hello", lane_a="oracle", sample=True),       # oracle needs greedy
+        dict(prompt="hello", sample=True, temperature=0),
+        dict(prompt="hello", seed="abc"),
+    ]
+    for kwargs in cases:
+        with pytest.raises(gr.Error) as info:
+            list(ui.compare(pair, **kwargs))
+        assert info.value.message and "\n" not in info.value.message, kwargs
+
+
+def test_extreme_sliders_run(pair):
+    """Threshold 0 (never stops on confidence) and 1 (stops after every draft), K and KMAX at their bounds."""
+    *_, final = ui.compare(pair, "abc", lane_a="static", lane_b="threshold", k=32, threshold=0.0, max_lookahead=1,
+                           max_new_tokens=4, baseline=False, chat=False, interval=0.0)
+    assert list(final[6]["lane"]) == ["static:32", "threshold:0:1"]
+    *_, final = ui.compare(pair, "abc", lane_a="static", lane_b="threshold", k=1, threshold=1.0, max_lookahead=32,
+                           max_new_tokens=4, interval=0.0, sample=True, seed=3)
+    assert "Done" in final[0]
+
+
+def test_loader_failure_is_reported():
+    loader = ui.ModelLoader("/nonexistent/target::/nonexistent/assistant").start()
+    with pytest.raises(Exception):
+        loader.get(timeout=60)
+    assert loader.status().startswith("✗")
+    with pytest.raises(gr.Error, match="could not be loaded"):
+        list(ui.compare(loader.get, "hello"))
+
+
+# ------------------------------------------------------------------------------------------------
+# lanes HTML
+
+
+def test_lanes_html_escapes_and_colours_tokens():
+    tokens = pd.DataFrame([
+        ("static:5", 0, 10, "<script>alert(1)</script>", SOURCE_DRAFT, 0.9, 1),
+        ("static:5", 1, 11, '" onmouseover="x', SOURCE_CORRECTION, float("nan"), 1),
+        ("static:5", 2, 12, "&amp;\n", SOURCE_BONUS, float("nan"), 2),
+    ], columns=["strategy", "position", "token_id", "text", "source", "draft_prob", "iteration"])
+    page = ui.lanes_html(["static:5"], tokens, None)
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert '" onmouseover' not in page
+    assert "&amp;amp;" in page
+    assert 'class="t-accepted_draft"' in page and 'class="t-target_correction"' in page
+    assert "draft p = 0.900" in page
+
+
+def test_split_characters_are_joined(pair):
+    """A character split over byte-level tokens shows once, decoded together, not as two U+FFFD."""
+    tokens = pd.DataFrame([
+        ("static:5", 0, 1, "\ufffd", SOURCE_DRAFT, 0.9, 1),
+        ("static:5", 1, 2, "\ufffd", SOURCE_DRAFT, 0.8, 1),
+        ("static:5", 2, 3, "!", SOURCE_BONUS, float("nan"), 1),
+    ], columns=["strategy", "position", "token_id", "text", "source", "draft_prob", "iteration"])
+    page = ui.lanes_html(["static:5"], tokens, None, decode=lambda ids: "é" if ids == [1, 2] else "\ufffd")
+    assert "é" in page and "\ufffd" not in page and page.count('<span class="t-') == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# plots (pure functions of the trace, also from a CSV)
+
+
+def test_plots_from_trace_and_csv(snapshot, tmp_path):
+    frame = snapshot.iterations()
+    path = tmp_path / "trace.csv"
+    snapshot.export_iterations().to_csv(path, index=False)
+    for source in (frame, pd.read_csv(path)):
+        race, lookahead, latency, confidence = plots.all_figures(source, snapshot.strategies)
+        assert [t.line.color for t in race.data] == [plots.strategy_color(s) for s in snapshot.strategies]
+        assert race.layout.xaxis.title.text and race.layout.yaxis.title.text
+        # autoregressive has no drafts: two drafting panels; latency shows all three lanes
+        panels = {a.text for a in lookahead.layout.annotations}
+        assert panels == {"<b>static:4</b>", "<b>threshold:0.4:12</b>"}
+        assert {t.name for t in lookahead.data} >= {"drafted", "accepted", "K in force"}
+        assert len({t.yaxis for t in latency.data}) == 3
+        taus = [s.y0 for s in confidence.layout.shapes]
+        assert taus and set(taus) == {0.4}
+        drafted = sum(len(plots.confidence_points(source, s)) for s in ("static:4", "threshold:0.4:12"))
+        assert drafted == int(frame["lookahead"].sum())
+
+
+def test_plot_placeholders_and_colours():
+    empty = pd.DataFrame(columns=["strategy"])
+    for fig in plots.all_figures(empty):
+        assert isinstance(fig, go.Figure) and not fig.data and fig.layout.annotations
+    assert plots.strategy_color("static:5") == plots.KIND_COLORS["static"]
+    assert plots.strategy_color("static:9") == plots.strategy_color("static:9") != plots.strategy_color("threshold:0.1")
+    assert re.fullmatch(r"#[0-9a-f]{6}", plots.strategy_color("brand-new-kind:3"))

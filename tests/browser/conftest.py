@@ -1,0 +1,63 @@
+"""A session-scoped app (tiny preset) and a session-scoped Debian Chromium driven by Playwright."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+VIEWPORT = {"width": 1600, "height": 1000}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+    import app
+
+    demo = app.build_demo("tiny")
+    port = _free_port()
+    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+                                                   quiet=True, **app.launch_kwargs())
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    page.goto(app_url)
+    page.wait_for_selector("#run")
+    page.wait_for_selector("#disco-status:has-text('Models ready')", timeout=120_000)
+    try:
+        yield page
+    finally:
+        context.close()

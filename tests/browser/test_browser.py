@@ -1,0 +1,101 @@
+"""The page in Debian's Chromium: sliders, Run, streaming lanes, Plotly plots, Stop, CSV download, screenshot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[2]
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"browser tests need Debian's Chromium at {CHROMIUM} (apt-get install -y chromium)",
+                allow_module_level=True)
+
+RUN_TIMEOUT_MS = 180_000  # generous: the machine may be shared; nothing here asserts a duration
+
+
+def set_slider(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+    box.blur()
+
+
+def lane_tokens(page, strategy: str) -> int:
+    return page.locator(f'#lanes [data-strategy="{strategy}"] .disco-text span[class^="t-"]').count()
+
+
+def status(page) -> str:
+    return page.locator("#run-status").inner_text()
+
+
+WATCH_LANE = """strategy => {
+    window.__counts = [];
+    const count = () => document.querySelectorAll(
+        `#lanes [data-strategy="${strategy}"] .disco-text span[class^="t-"]`).length;
+    new MutationObserver(() => window.__counts.push(count()))
+        .observe(document.body, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def test_threshold_run_streams_draws_and_downloads(page):
+    set_slider(page, "threshold", 0.6)
+    set_slider(page, "max-new-tokens", 128)
+    page.locator("#prompt textarea").fill("Write a short story about a lighthouse keeper.")
+    dynamic = "threshold:0.6:20"
+    page.evaluate(WATCH_LANE, dynamic)  # record the lane's token count at every DOM update
+    page.click("#run")
+    page.wait_for_selector("#run-status:has-text('Done')", timeout=RUN_TIMEOUT_MS)
+    assert page.locator(f'#lanes [data-strategy="{dynamic}"]').count() == 1  # the slider reached the run
+    counts = page.evaluate("window.__counts")
+    grown = sorted(set(n for n in counts if n > 0))
+    assert len(grown) >= 3, f"the lane's text did not stream: {grown}"
+    assert lane_tokens(page, dynamic) == grown[-1]
+
+    plots = page.locator(".js-plotly-plot")
+    assert plots.count() >= 4
+    for i in range(4):
+        assert plots.nth(i).locator("g.trace").count() > 0, f"plot {i} has no traces"
+
+    with page.expect_download() as download:
+        page.locator("#iterations-csv a").first.click()
+    trace = pd.read_csv(download.value.path())
+    assert set(trace["strategy"]) == {"autoregressive", "static:5", dynamic}
+    assert (trace.loc[trace["strategy"] == dynamic, "threshold"] == 0.6).all()
+    assert (trace["max_new_tokens"] == 128).all()
+
+    (ROOT / "docs").mkdir(exist_ok=True)
+    page.mouse.move(0, 0)
+    page.wait_for_timeout(500)  # let Plotly finish its last redraw
+    page.screenshot(path=str(ROOT / "docs" / "screenshot.png"), full_page=True)
+
+
+def test_stop_cancels_the_run_and_the_app_stays_ready(page):
+    set_slider(page, "max-new-tokens", 512)
+    page.locator("#prompt textarea").fill("Explain in simple terms why a binary search runs in logarithmic time.")
+    page.click("#run")
+    page.wait_for_selector("#run-status:has-text('Running')", timeout=RUN_TIMEOUT_MS)
+    page.wait_for_function("document.querySelectorAll('#lanes .disco-text span[class^=\"t-\"]').length > 0")
+    page.click("#stop")
+    page.wait_for_selector("#run-status:has-text('Stopped')")
+    page.wait_for_timeout(1500)
+    frozen = lane_tokens(page, "autoregressive")
+    page.wait_for_timeout(2000)
+    assert lane_tokens(page, "autoregressive") == frozen, "the lanes kept growing after Stop"
+    assert frozen < 512
+
+    set_slider(page, "max-new-tokens", 8)
+    page.click("#run")
+    page.wait_for_selector("#run-status:has-text('Done')", timeout=RUN_TIMEOUT_MS)
+    assert lane_tokens(page, "autoregressive") == 8
+
+
+def test_empty_prompt_shows_an_error(page):
+    page.locator("#prompt textarea").fill("   ")
+    page.click("#run")
+    page.get_by_text("the prompt is empty").first.wait_for(timeout=RUN_TIMEOUT_MS)
+    assert page.locator("#run").is_enabled()
