@@ -128,7 +128,7 @@ class Decoder:
         if not prompt_ids:
             raise InputError("the prompt encodes to zero tokens")
         if policy.greedy_only and settings.sample:
-            raise InputError(f"strategy {policy.spec!r} needs greedy decoding (it cannot be combined with sampling)")
+            raise InputError(f"strategy {policy.spec!r} needs greedy decoding; turn sampling off or remove it")
         self.pair = pair
         self.policy = policy
         self.settings = settings

@@ -134,14 +134,11 @@ def race(pair, prompt: str, strategies: list[str], settings: DecodeSettings, cha
     settings.validate()
     policies = build_policies(list(strategies))
     prompt_ids = encode_prompt(pair, prompt, chat, settings.max_new_tokens)
-    for policy in policies:
-        if policy.greedy_only and settings.sample:
-            raise InputError(f"strategy {policy.spec!r} needs greedy decoding; turn sampling off or remove it")
+    decoders = [Decoder(pair, prompt_ids, policy, settings) for policy in policies]  # validates policy x settings
     pair.warmup()
     for policy in policies:
-        if isinstance(policy, Oracle):
+        if isinstance(policy, Oracle):  # untimed: the oracle knows the target's answer in advance
             policy.reference = greedy_reference(pair, prompt_ids, settings.max_new_tokens)
-    decoders = [Decoder(pair, prompt_ids, policy, settings) for policy in policies]
     info = dict(pair.describe())
     info.update(prompt_tokens=len(prompt_ids), chat=chat, max_new_tokens=settings.max_new_tokens,
                 sample=settings.sample, temperature=settings.temperature if settings.sample else None,
