@@ -207,13 +207,18 @@ def build_tiny_models(vocab_size: int, seed: int = 0, context: int = 1024):
         weights = {k: v for k, v in target.state_dict().items()
                    if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= keep)}
         assistant.load_state_dict(weights)
-        gen = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for p in assistant.parameters():
-                p.add_(torch.randn(p.shape, generator=gen) * noise * p.std().clamp_min(1e-3))
+        perturb_(assistant, noise, seed + 1)
     finally:
         torch.random.set_rng_state(state)
     return target, assistant
+
+
+def perturb_(model: torch.nn.Module, scale: float, seed: int) -> None:
+    """Add seeded Gaussian noise to every weight, relative to that weight's own spread (in place)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std().clamp_min(1e-3))
 
 
 def _load_tiny(dtype: torch.dtype, device: torch.device) -> ModelPair:

@@ -43,7 +43,7 @@ def make_small_pair(vocab: int = 4, seed: int = 0, sharpness: float = 0.5, noise
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from disco.models import ModelPair
+    from disco.models import ModelPair, perturb_
 
     def model(s: int):
         torch.manual_seed(s)
@@ -59,10 +59,7 @@ def make_small_pair(vocab: int = 4, seed: int = 0, sharpness: float = 0.5, noise
     try:
         target = model(seed)
         assistant = model(seed)
-        gen = torch.Generator().manual_seed(seed + 100)
-        with torch.no_grad():
-            for p in assistant.parameters():
-                p.add_(torch.randn(p.shape, generator=gen) * noise * p.std().clamp_min(1e-3))
+        perturb_(assistant, noise, seed + 100)
     finally:
         torch.random.set_rng_state(state)
     return ModelPair("small", target, assistant, IdTokenizer(vocab), "small-target", "small-assistant",
