@@ -1,0 +1,580 @@
+"""Exact greedy replay: run any lookahead policy over a precomputed table instead of the models.
+
+With greedy decoding the output is the target's own greedy continuation ``G`` of the prompt, and
+what the assistant drafts from any prefix ``prompt + G[:p]`` is deterministic: its greedy chain
+``chain_p``. A table of ``G`` and those chains (each token with its probability) is therefore enough
+to replay every policy exactly: its iterations, drafted/accepted counts, stop reasons, target and
+assistant passes. Time is then estimated from per-pass costs measured on this machine
+(``CostModel``): one assistant pass and one target pass as functions of the tokens they are fed.
+
+Computing the table is the only expensive part, so it is done lazily and shares work:
+  * chains are computed only as far as some replayed policy asks (``ReplayTable.draft``);
+  * when ``chain_p`` starts with ``G[p]``, ``chain_{p+1}`` is ``chain_p[1:]`` (same prefix, same
+    deterministic continuation), so it is derived, then extended one token at a time;
+  * ``replay_many`` advances all policies together in order of position, so the single assistant
+    KV cache (``ChainBuilder``) only moves forward, by a few tokens at a time.
+We do not batch chains across positions: on a CPU without native bf16 a pass over n tokens costs
+about n single-token passes (measured), so batching saves nothing there, while sequential feeds
+keep the numbers closest to what the engine computes.
+
+Replay mirrors ``disco.engine.Decoder`` line by line (draft budget, cache bookkeeping, accept and
+cut rules) and drives the very same policy objects (``disco.policies``). Tables are cached on disk
+as JSON (one file per prompt and model pair), so a sweep is resumable and re-runs are free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from disco.engine import Decoder, DecodeSettings, InputError, distribution
+from disco.policies import Oracle, Policy, parse_strategy
+from disco.trace import (
+    STOP_CONFIDENCE, STOP_EOS, STOP_LENGTH, STOP_MAX_LOOKAHEAD, STOP_NONE, STOP_ORACLE, IterationRecord,
+    iterations_frame, summarize,
+)
+
+TABLE_FORMAT = 1
+AUTOREGRESSIVE = "autoregressive"
+STATIC_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20)
+TAUS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
+KMAXES = (5, 10, 15, 20)
+
+
+class ReplayError(RuntimeError):
+    """A table that cannot answer (incomplete and no models attached), or a policy replay cannot run."""
+
+
+def default_grid(static_ks: Iterable[int] = STATIC_KS, taus: Iterable[float] = TAUS, kmaxes: Iterable[int] = KMAXES,
+                 heuristic: Iterable[int] = (5,), oracle: bool = True) -> list[str]:
+    """The benchmark's default grid, as strategy specs (the CLI's spelling)."""
+    specs = [AUTOREGRESSIVE]
+    specs += [f"static:{k}" for k in static_ks]
+    specs += [f"heuristic:{k}" for k in heuristic]
+    specs += [threshold_spec(t, k) for k in kmaxes for t in taus]
+    if oracle:
+        specs.append(f"oracle:{max(kmaxes) if kmaxes else 20}")
+    return specs
+
+
+def threshold_spec(tau: float, kmax: int) -> str:
+    return f"threshold:{format(float(tau), 'g')}:{int(kmax)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# per-pass costs
+
+
+def _interp(points: list[tuple[int, float]], n: float) -> float:
+    """Piecewise-linear interpolation over (n, ms) points; linear extrapolation beyond the ends."""
+    if not points:
+        return math.nan
+    if len(points) == 1:
+        return points[0][1] * n / points[0][0]
+    if n <= points[0][0]:
+        (x0, y0), (x1, y1) = points[0], points[1]
+    elif n >= points[-1][0]:
+        (x0, y0), (x1, y1) = points[-2], points[-1]
+    else:
+        i = next(i for i in range(1, len(points)) if points[i][0] >= n)
+        (x0, y0), (x1, y1) = points[i - 1], points[i]
+    if x1 == x0:
+        return y0
+    return max(0.0, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+
+
+@dataclass
+class CostModel:
+    """Measured cost (ms) of one forward pass of each model as a function of the tokens fed to it.
+
+    Small n are verification / drafting passes on top of a cache; large n are prefills. The engine
+    feeds the target ``1 + drafts`` tokens per iteration (``prompt + drafts`` on iteration 1) and
+    the assistant 1-2 tokens per draft step (the whole prompt on iteration 1).
+    """
+
+    target: list[tuple[int, float]]
+    assistant: list[tuple[int, float]]
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.target = sorted((int(n), float(ms)) for n, ms in self.target)
+        self.assistant = sorted((int(n), float(ms)) for n, ms in self.assistant)
+
+    def target_ms(self, n: int) -> float:
+        return _interp(self.target, n)
+
+    def assistant_ms(self, n: int) -> float:
+        return _interp(self.assistant, n)
+
+    @property
+    def cost_ratio(self) -> float:
+        """c = t_draft / t_target for one token (Leviathan et al.)."""
+        return self.assistant_ms(1) / self.target_ms(1)
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "assistant": self.assistant, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostModel":
+        return cls([tuple(x) for x in data["target"]], [tuple(x) for x in data["assistant"]], dict(data.get("meta", {})))
+
+
+def _crop(cache, length: int) -> None:
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+@torch.inference_mode()
+def calibrate(pair, context_ids: list[int], prefill_lengths: Iterable[int] = (), verify_sizes: Iterable[int] | None = None,
+              assistant_sizes: Iterable[int] = (1, 2, 3), reps: int = 3, kmax: int = 20) -> CostModel:
+    """Measure per-pass costs on this machine, the way the engine calls the models.
+
+    ``context_ids``: a realistic prompt (the cache length verification runs on top of). Each size is
+    timed ``reps`` times, interleaving the two models and all sizes so drift hits them alike; the
+    median is kept. Prefill sizes are timed on a fresh cache.
+    """
+    from transformers import DynamicCache
+
+    if verify_sizes is None:
+        verify_sizes = sorted({1, 2, 3, 4, 5, 6, 7, 9, 11, 13, 17, kmax + 1})
+    pair.warmup()
+    device = pair.device
+    ctx = list(context_ids) or [pair.eos_ids[0]]
+    filler = ctx[-1]
+    caches = {}
+    for role, model in (("target", pair.target), ("assistant", pair.assistant)):
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([ctx], device=device), cache=cache, use_cache=True, logits_to_keep=1)
+        caches[role] = (model, cache, len(ctx))
+    jobs = [("target", n, False) for n in verify_sizes] + [("assistant", n, False) for n in assistant_sizes]
+    for n in sorted(set(int(x) for x in prefill_lengths if int(x) > max(verify_sizes))):
+        jobs += [("target", n, True), ("assistant", n, True)]
+    samples: dict[tuple, list[float]] = {job: [] for job in jobs}
+    for _ in range(reps):
+        for job in jobs:
+            role, n, fresh = job
+            model, cache, base = caches[role]
+            tokens = (ctx * (n // len(ctx) + 1))[:n] if fresh else [filler] * n
+            x = torch.tensor([tokens], device=device)
+            use = DynamicCache(config=model.config) if fresh else cache
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            out = model(input_ids=x, cache=use, use_cache=True, logits_to_keep=1 if fresh else n)
+            out.logits[0, -1:].float().argmax()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            samples[job].append((time.perf_counter() - start) * 1000.0)
+            if not fresh:
+                _crop(cache, base)
+    target = [(n, statistics.median(samples[("target", n, f)])) for (r, n, f) in jobs if r == "target"]
+    assistant = [(n, statistics.median(samples[("assistant", n, f)])) for (r, n, f) in jobs if r == "assistant"]
+    meta = dict(pair.describe())
+    meta.update(context_tokens=len(ctx), reps=reps, threads=torch.get_num_threads(),
+                measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
+    return CostModel(target, assistant, meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+
+@dataclass
+class Chain:
+    """The assistant's greedy chain from one position: tokens, their probabilities, and whether it hit EOS."""
+
+    tokens: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    ended: bool = False
+
+
+class ChainBuilder:
+    """One assistant KV cache that walks along ``prompt + G`` (+ a chain), reusing the longest common prefix."""
+
+    def __init__(self, pair):
+        from transformers import DynamicCache
+
+        self.pair = pair
+        self.model = pair.assistant
+        self.cache = DynamicCache(config=self.model.config)
+        self.seq: list[int] = []
+        self.next: tuple[int, float] | None = None
+        self.passes = 0
+        self.tokens_fed = 0
+        self.ms = 0.0
+
+    @torch.inference_mode()
+    def next_after(self, seq: list[int]) -> tuple[int, float]:
+        """The assistant's greedy token after ``seq`` and its probability (as the engine computes them)."""
+        n = len(seq)
+        if n == len(self.seq) and self.next is not None and seq == self.seq:
+            return self.next
+        if n == len(self.seq) + 1 and seq[:-1] == self.seq:
+            common = n - 1
+        else:
+            common = 0
+            for a, b in zip(self.seq, seq):
+                if a != b:
+                    break
+                common += 1
+        common = min(common, n - 1)  # feed at least one token to get its logits
+        _crop(self.cache, common)
+        feed = seq[common:]
+        start = time.perf_counter()
+        x = torch.tensor([feed], dtype=torch.long, device=self.pair.device)
+        out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=1)
+        probs = distribution(out.logits[0, -1:].float()[0], DecodeSettings())
+        token = int(probs.argmax())
+        self.ms += (time.perf_counter() - start) * 1000.0
+        self.passes += 1
+        self.tokens_fed += len(feed)
+        self.seq = list(seq)
+        self.next = (token, float(probs[token]))
+        return self.next
+
+
+class ReplayTable:
+    """The target's greedy continuation of one prompt and the assistant's greedy chains along it.
+
+    ``draft(p, j)`` is token j of the chain from output position p (computed on demand when a pair
+    is attached). ``reference`` is the target's greedy output (cut at EOS / ``max_new_tokens``).
+    """
+
+    def __init__(self, prompt_ids: list[int], reference: list[int], max_new_tokens: int, eos_ids: Iterable[int],
+                 chains: dict[int, Chain] | None = None, meta: dict | None = None, path: Path | None = None):
+        self.prompt_ids = list(prompt_ids)
+        self.reference = list(reference)
+        self.max_new_tokens = int(max_new_tokens)
+        self.eos = set(int(e) for e in eos_ids)
+        self.chains: dict[int, Chain] = chains or {}
+        self.meta = dict(meta or {})
+        self.path = path
+        self.builder: ChainBuilder | None = None
+        self.dirty = False
+        self.on_extend: Callable[[], None] | None = None
+        self._last_save = time.monotonic()
+
+    # -- persistence -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "format": TABLE_FORMAT, "meta": self.meta, "prompt_ids": self.prompt_ids, "reference": self.reference,
+            "max_new_tokens": self.max_new_tokens, "eos_ids": sorted(self.eos),
+            "chains": {str(p): [c.tokens, [round(x, 7) for x in c.probs], c.ended] for p, c in sorted(self.chains.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, path: Path | None = None) -> "ReplayTable":
+        if data.get("format") != TABLE_FORMAT:
+            raise ReplayError(f"unsupported replay table format {data.get('format')!r}")
+        chains = {int(p): Chain(list(t), list(pr), bool(e)) for p, (t, pr, e) in data["chains"].items()}
+        return cls(data["prompt_ids"], data["reference"], data["max_new_tokens"], data["eos_ids"], chains,
+                   data.get("meta"), path)
+
+    def save(self, path: Path | None = None) -> None:
+        path = Path(path or self.path) if (path or self.path) else None
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+        os.replace(tmp, path)  # atomic: an interrupted save never leaves a broken table
+        self.path = path
+        self.dirty = False
+        self._last_save = time.monotonic()
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        """The reference ended (EOS) before max_new_tokens, so it is the whole greedy output for any length."""
+        return bool(self.reference) and self.reference[-1] in self.eos
+
+    def covers(self, max_new_tokens: int) -> bool:
+        return self.complete or len(self.reference) >= max_new_tokens
+
+    def attach(self, pair) -> "ReplayTable":
+        """Attach the models so missing chain tokens can be computed on demand."""
+        if self.builder is None or self.builder.pair is not pair:
+            self.builder = ChainBuilder(pair)
+        return self
+
+    def _chain(self, p: int) -> Chain:
+        chain = self.chains.get(p)
+        if chain is not None:
+            return chain
+        # derive from the nearest earlier chain that agrees with G up to p (a suffix of it)
+        best = None
+        for q in range(p - 1, max(-1, p - 257), -1):
+            c = self.chains.get(q)
+            if c is None:
+                continue
+            d = p - q
+            if len(c.tokens) > d and c.tokens[:d] == self.reference[q:p]:
+                if best is None or len(c.tokens) - d > len(best.tokens):
+                    best = Chain(c.tokens[d:], c.probs[d:], c.ended)
+            if c.tokens[: min(d, len(c.tokens))] != self.reference[q:q + min(d, len(c.tokens))]:
+                break  # an earlier chain that agreed this far would have made this one agree too
+        chain = best or Chain()
+        self.chains[p] = chain
+        return chain
+
+    def draft(self, p: int, j: int) -> tuple[int, float]:
+        """Token j (0-based) of the assistant's greedy chain from output position p, with its probability."""
+        chain = self._chain(p)
+        while len(chain.tokens) <= j:
+            if chain.ended:
+                raise ReplayError(f"chain at position {p} ended with EOS after {len(chain.tokens)} tokens")
+            if self.builder is None:
+                raise ReplayError(f"the replay table has no chain token {j} at position {p}; attach the models to extend it")
+            if p > len(self.reference):
+                raise ReplayError(f"position {p} is past the reference ({len(self.reference)} tokens)")
+            token, prob = self.builder.next_after(self.prompt_ids + self.reference[:p] + chain.tokens)
+            chain.tokens.append(token)
+            chain.probs.append(prob)
+            chain.ended = token in self.eos
+            self.dirty = True
+            if self.on_extend is not None:
+                self.on_extend()
+            if self.path is not None and time.monotonic() - self._last_save > 60:
+                self.save()  # resumable: a long build never loses more than a minute
+        return chain.tokens[j], chain.probs[j]
+
+    def first_token_agreement(self, max_new_tokens: int | None = None) -> tuple[int, int]:
+        """(positions where the assistant's first draft equals the target's token, positions checked).
+
+        This is the per-token acceptance rate alpha of Leviathan et al.'s analysis.
+        """
+        m = min((max_new_tokens or self.max_new_tokens) - 1, len(self.reference))  # positions a draft can start at
+        hits = total = 0
+        for p in range(0, m):
+            token, _ = self.draft(p, 0)
+            hits += token == self.reference[p]
+            total += 1
+        return hits, total
+
+    def reference_for(self, max_new_tokens: int) -> list[int]:
+        if not self.covers(max_new_tokens):
+            raise ReplayError(f"the table's reference has {len(self.reference)} tokens, fewer than max_new_tokens={max_new_tokens}")
+        return self.reference[:max_new_tokens]
+
+
+def table_key(pair, prompt_ids: list[int]) -> str:
+    info = dict(pair.describe())
+    blob = json.dumps([info.get("models"), info.get("target"), info.get("assistant"), info.get("dtype"),
+                       info.get("device"), list(prompt_ids)], separators=(",", ":"))
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)[:60] or "prompt"
+
+
+def build_table(pair, prompt_ids: list[int], max_new_tokens: int, cache_dir: str | os.PathLike | None = None,
+                name: str = "prompt", progress: Callable[[int, int], None] | None = None) -> ReplayTable:
+    """Load the prompt's table from ``cache_dir`` or compute its reference (the target's greedy output).
+
+    Chains are filled lazily by replays (the table is returned with the models attached).
+    ``progress(tokens_done, max_new_tokens)`` is called while the reference is decoded.
+    """
+    if not prompt_ids:
+        raise InputError("the prompt encodes to zero tokens")
+    path = Path(cache_dir) / f"{_safe(name)}-{table_key(pair, prompt_ids)}.json" if cache_dir is not None else None
+    table = None
+    if path is not None and path.is_file():
+        try:
+            table = ReplayTable.from_dict(json.loads(path.read_text()), path)
+        except (ValueError, KeyError, TypeError, ReplayError):
+            table = None  # a damaged or old cache file is rebuilt
+        if table is not None and table.prompt_ids != list(prompt_ids):
+            table = None
+    if table is None or not table.covers(max_new_tokens):
+        start = time.perf_counter()
+        decoder = Decoder(pair, list(prompt_ids), Policy(AUTOREGRESSIVE), DecodeSettings(max_new_tokens=max_new_tokens))
+        while not decoder.done:
+            decoder.step()
+            if progress is not None:
+                progress(len(decoder.output_ids), max_new_tokens)
+        reference = decoder.output_ids
+        meta = dict(pair.describe())
+        meta.update(reference_seconds=time.perf_counter() - start, prompt_tokens=len(prompt_ids))
+        old = table
+        table = ReplayTable(prompt_ids, reference, max_new_tokens, pair.eos_ids, meta=meta, path=path)
+        if old is not None and old.reference == reference[: len(old.reference)]:
+            table.chains = {p: c for p, c in old.chains.items() if p < len(old.reference)}
+        if path is not None:
+            table.save()
+    return table.attach(pair)
+
+
+# ---------------------------------------------------------------------------------------------
+# replay
+
+
+@dataclass
+class ReplayResult:
+    strategy: str
+    records: list[IterationRecord]
+    output_ids: list[int]
+    assistant_tokens: int = 0  # tokens fed to the assistant (prefill included)
+
+    def frame(self):
+        return iterations_frame(self.records)
+
+    def summary(self) -> dict:
+        row = summarize(self.strategy, self.frame())
+        row["overhead_pct"] = math.nan  # replay has no engine overhead to measure
+        return row
+
+
+class ReplayRun:
+    """One policy replayed over a table, one iteration per ``step()`` (mirrors ``Decoder.step``)."""
+
+    def __init__(self, table: ReplayTable, policy: Policy, max_new_tokens: int | None = None,
+                 costs: CostModel | None = None):
+        m = table.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if m < 1:
+            raise InputError(f"max_new_tokens must be positive, got {m}")
+        self.table = table
+        self.policy = policy
+        self.max_new_tokens = m
+        self.reference = table.reference_for(m)
+        if isinstance(policy, Oracle):
+            policy.reference = list(self.reference)
+        self.costs = costs
+        self.prompt_len = len(table.prompt_ids)
+        self.out_len = 0
+        self.t_len = 0
+        self.a_len = 0
+        self.elapsed_ms = 0.0
+        self.records: list[IterationRecord] = []
+        self.assistant_tokens = 0
+        self.done = False
+
+    @property
+    def position(self) -> int:
+        return self.out_len
+
+    def _ms(self, fn, n: int) -> float:
+        return fn(n) if self.costs is not None else math.nan
+
+    def step(self) -> IterationRecord:
+        policy, table, eos = self.policy, self.table, self.table.eos
+        out_len = self.out_len
+        ids_len = self.prompt_len + out_len
+        remaining = self.max_new_tokens - out_len
+        k_policy = policy.budget()
+        budget = min(k_policy, remaining - 1) if policy.uses_assistant else 0
+        threshold = policy.threshold
+        drafts: list[int] = []
+        confidences: list[float] = []
+        draft_calls = 0
+        draft_ms = 0.0
+        stop = STOP_NONE
+        if policy.uses_assistant:
+            stop = STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD
+            for j in range(budget):
+                fed = ids_len - self.a_len if j == 0 else 1
+                self.a_len += fed
+                self.assistant_tokens += fed
+                draft_calls += 1
+                draft_ms += self._ms(self.costs.assistant_ms if self.costs else None, fed)
+                token, confidence = table.draft(out_len, j)
+                if policy.reject_draft(out_len + len(drafts), token):
+                    stop = STOP_ORACLE
+                    break
+                drafts.append(token)
+                confidences.append(confidence)
+                if token in eos:
+                    stop = STOP_EOS
+                    break
+                if policy.stop_after(confidence):
+                    stop = STOP_CONFIDENCE
+                    break
+        target_fed = ids_len - self.t_len + len(drafts)
+        verify_ms = self._ms(self.costs.target_ms if self.costs else None, target_fed)
+        self.t_len += target_fed
+        ref = self.reference
+        accepted = 0
+        while accepted < len(drafts) and out_len + accepted < len(ref) and drafts[accepted] == ref[out_len + accepted]:
+            accepted += 1
+        new = ref[out_len: out_len + accepted + 1]  # accepted drafts + the target's own token
+        done = False
+        for i, token in enumerate(new):
+            if token in eos:
+                new = new[: i + 1]
+                done = True
+                break
+        if len(new) >= remaining:
+            new = new[:remaining]
+            done = True
+        if not new:
+            raise ReplayError("the reference ended without EOS before max_new_tokens")
+        old_len = ids_len
+        self.out_len += len(new)
+        new_len = self.prompt_len + self.out_len
+        self.t_len = min(self.t_len, new_len - 1)
+        if policy.uses_assistant:
+            self.a_len = min(self.a_len, old_len + accepted, new_len - 2)
+        policy.update(len(drafts), accepted)
+        iteration_ms = draft_ms + verify_ms
+        self.elapsed_ms += iteration_ms
+        record = IterationRecord(
+            strategy=policy.spec, iteration=len(self.records) + 1, lookahead=len(drafts), accepted=accepted,
+            emitted=len(new), stop_reason=stop, min_confidence=min(confidences) if confidences else math.nan,
+            threshold=threshold if threshold is not None else math.nan,
+            max_lookahead=k_policy if policy.uses_assistant else 0, draft_ms=draft_ms, verify_ms=verify_ms,
+            iteration_ms=iteration_ms, elapsed_ms=self.elapsed_ms, new_tokens=self.out_len, target_tokens=target_fed,
+            draft_calls=draft_calls, forward_ms=iteration_ms, confidences=confidences,
+        )
+        self.records.append(record)
+        self.done = done
+        return record
+
+    def result(self) -> ReplayResult:
+        return ReplayResult(self.policy.spec, self.records, self.reference[: self.out_len], self.assistant_tokens)
+
+
+def replay_many(table: ReplayTable, specs: Iterable[str | Policy], max_new_tokens: int | None = None,
+                costs: CostModel | None = None, progress: Callable[[float], None] | None = None) -> dict[str, ReplayResult]:
+    """Replay several policies on one table, always advancing the one furthest behind.
+
+    Ordering by position keeps the lazy chain computation moving forward along the text, so the
+    assistant's cache is reused instead of rebuilt. ``progress(fraction)`` is called (at most about
+    four times a second) with the position of the run furthest behind, as a fraction of the output.
+    """
+    runs = []
+    for item in specs:
+        policy = parse_strategy(item) if isinstance(item, str) else item
+        runs.append(ReplayRun(table, policy, max_new_tokens, costs))
+    heap = [(0, i) for i in range(len(runs))]
+    heapq.heapify(heap)
+    last = time.monotonic()
+    total = max(1, len(runs[0].reference)) if runs else 1
+    while heap:
+        position, i = heapq.heappop(heap)
+        if progress is not None and time.monotonic() - last > 0.25:
+            progress(min(1.0, position / total))
+            last = time.monotonic()
+        run = runs[i]
+        run.step()
+        if not run.done:
+            heapq.heappush(heap, (run.position, i))
+    return {run.policy.spec: run.result() for run in runs}
+
+
+def replay(table: ReplayTable, spec: str | Policy, max_new_tokens: int | None = None,
+           costs: CostModel | None = None) -> ReplayResult:
+    """Replay one policy on one table."""
+    return next(iter(replay_many(table, [spec], max_new_tokens, costs).values()))

@@ -1,0 +1,193 @@
+"""The app's Sweep tab: replay a grid of lookahead settings on suite prompts and watch the heatmap fill in.
+
+``build_sweep_tab(get_pair)`` is called by app.py inside an open ``gr.Tab``. All the work is done by
+``disco.bench.sweep`` (exact greedy replay, see disco/replay.py); this file only wires widgets.
+A heatmap cell is chosen with the "Setting" dropdown (Gradio 6's ``gr.Plot`` has no click event).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+
+from disco import plots
+from disco.bench import (
+    KINDS, REFERENCE_SETTING, BenchError, best_settings, heatmap_figure, load_suite, pick_prompts, replay_iterations,
+    sweep,
+)
+from disco.replay import AUTOREGRESSIVE, KMAXES, STATIC_KS, default_grid
+
+DEFAULT_TAUS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
+DEFAULT_STATIC = ",".join(str(k) for k in STATIC_KS)
+DEFAULT_KMAXES = ",".join(str(k) for k in KMAXES)
+DETAIL_COLUMNS = ["iteration", "lookahead", "accepted", "emitted", "stop_reason", "min_confidence", "max_lookahead",
+                  "draft_ms", "verify_ms", "new_tokens"]
+SUMMARY_COLUMNS = ["strategy", "prompts", "speedup_geomean", "speedup_min", "speedup_max", "acceptance_rate_mean",
+                   "mean_lookahead_mean"]
+
+
+def cache_dir() -> Path:
+    """Where replay tables and measured costs are kept between sessions."""
+    return Path(os.environ.get("DISCO_REPLAY_CACHE", Path.home() / ".cache" / "disco-replay"))
+
+
+def _numbers(text: str, cast, what: str, lo: float, hi: float) -> list:
+    try:
+        values = [cast(x) for x in str(text or "").replace(" ", ",").split(",") if x.strip()]
+    except ValueError:
+        raise BenchError(f"{what}: expected comma-separated numbers, got {text!r}") from None
+    for v in values:
+        if not lo <= v <= hi:
+            raise BenchError(f"{what}: {v} is outside [{lo:g}, {hi:g}]")
+    return values
+
+
+def grid_specs(static_ks: str, taus: str, kmaxes: str, heuristic: bool, oracle: bool) -> list[str]:
+    ks = _numbers(static_ks, int, "static K", 1, 64)
+    ts = _numbers(taus, float, "τ", 0, 1)
+    ms = _numbers(kmaxes, int, "KMAX", 1, 64)
+    if not ts or not ms:
+        raise BenchError("give at least one τ and one KMAX")
+    return default_grid(ks, ts, ms, heuristic=(5,) if heuristic else (), oracle=oracle)
+
+
+def top_settings(summary: pd.DataFrame, n: int = 12) -> pd.DataFrame:
+    if summary is None or summary.empty:
+        return pd.DataFrame(columns=SUMMARY_COLUMNS)
+    rows = summary[(summary["mode"] == "replay") & (summary["kind"] == "all")]
+    rows = rows.sort_values("speedup_geomean", ascending=False)
+    keep = set(rows["strategy"].head(n)) | {AUTOREGRESSIVE, REFERENCE_SETTING}
+    best = best_settings(summary)
+    keep |= {v for k, v in best.items() if k.startswith("best_") and isinstance(v, str)}
+    out = rows[rows["strategy"].isin(keep)][SUMMARY_COLUMNS].copy()
+    for c in SUMMARY_COLUMNS[2:]:
+        out[c] = out[c].astype(float).round(3)
+    return out
+
+
+def _status(summary: pd.DataFrame, done: int, total: int, seconds: float) -> str:
+    best = best_settings(summary)
+    if not best:
+        return f"{done}/{total} prompts replayed ({seconds:.0f} s)"
+    fmt = lambda v: "—" if v is None or v != v else f"{v:.2f}x"  # noqa: E731
+    return (f"**{done}/{total} prompts replayed** ({seconds:.0f} s). Best static: `{best.get('best_static')}` "
+            f"{fmt(best.get('best_static_speedup'))} · `{REFERENCE_SETTING}` {fmt(best.get('reference_speedup'))} · "
+            f"best threshold: `{best.get('best_threshold')}` {fmt(best.get('best_threshold_speedup'))} · oracle "
+            f"{fmt(best.get('best_oracle_speedup'))}. Speed-ups are geometric means of estimated times "
+            f"(per-pass costs measured on this machine).")
+
+
+def build_sweep_tab(get_pair) -> None:
+    """Create the Sweep tab's widgets and events (call inside an open ``gr.Tab``)."""
+    try:
+        suite = load_suite()
+    except BenchError as exc:
+        gr.Markdown(f"The prompt suite could not be read: {exc}")
+        return
+    by_id = {p.id: p for p in suite}
+    choices = [(f"{p.id} ({p.kind})", p.id) for p in suite]
+    default_prompts = [p.id for p in pick_prompts(suite, len(KINDS))]
+
+    gr.Markdown(
+        "Replay a grid of lookahead settings on prompts from the benchmark suite. Greedy decoding makes this exact: "
+        "the target's output and the assistant's drafts along it are computed once per prompt (cached), then every "
+        "setting is replayed without the models, its time estimated from per-pass costs measured here. "
+        "The first run on a prompt takes about as long as decoding it twice; re-runs are instant.")
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompts = gr.CheckboxGroup(choices, value=default_prompts, label="Prompts", elem_id="sweep-prompts")
+        with gr.Column(scale=2):
+            static_ks = gr.Textbox(DEFAULT_STATIC, label="Static K values", elem_id="sweep-static")
+            taus = gr.Textbox(DEFAULT_TAUS, label="Thresholds τ", elem_id="sweep-taus")
+            kmaxes = gr.Textbox(DEFAULT_KMAXES, label="KMAX values", elem_id="sweep-kmaxes")
+            with gr.Row():
+                heuristic = gr.Checkbox(True, label="heuristic:5")
+                oracle = gr.Checkbox(True, label="oracle (upper bound)")
+            max_new_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens", elem_id="sweep-max-new-tokens")
+            run = gr.Button("▶ Run sweep", variant="primary", elem_id="sweep-run")
+    status = gr.Markdown("Pick prompts and a grid, then press **Run sweep**.", elem_id="sweep-status", min_height=48)
+    heatmap = gr.Plot(plots.empty_figure("Speed-up over τ × KMAX", "press Run sweep"), show_label=False,
+                      elem_id="sweep-heatmap")
+    table = gr.Dataframe(pd.DataFrame(columns=SUMMARY_COLUMNS), label="Best settings (geometric-mean speed-up)",
+                         interactive=False, elem_id="sweep-summary")
+    with gr.Row():
+        setting = gr.Dropdown([], label="Setting (a heatmap cell, or any replayed strategy)", elem_id="sweep-setting",
+                              interactive=True)
+        detail_prompt = gr.Dropdown(choices, value=default_prompts[0] if default_prompts else None, label="Prompt",
+                                    elem_id="sweep-detail-prompt", interactive=True)
+    detail_plot = gr.Plot(plots.empty_figure(plots.LOOKAHEAD_TITLE, "run a sweep, then pick a setting"),
+                          show_label=False, elem_id="sweep-detail-plot")
+    detail_table = gr.Dataframe(pd.DataFrame(columns=DETAIL_COLUMNS), label="Per iteration (replayed)",
+                                interactive=False, elem_id="sweep-detail")
+    csv_file = gr.File(label="Download CSV: one row per prompt × setting", elem_id="sweep-csv")
+    state = gr.State({})
+
+    def run_sweep(prompt_ids, static_text, tau_text, kmax_text, use_heuristic, use_oracle, max_new,
+                  progress=gr.Progress()):
+        start = time.perf_counter()
+        try:
+            specs = grid_specs(static_text, tau_text, kmax_text, use_heuristic, use_oracle)
+            picked = [by_id[i] for i in (prompt_ids or []) if i in by_id]
+            if not picked:
+                raise BenchError("pick at least one prompt")
+            max_new = int(max_new)
+            yield ("Loading the models ...", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+            pair = get_pair() if callable(get_pair) else get_pair
+            progress(0.0, desc="starting")
+            last = None
+            for update in sweep(pair, picked, specs, max_new, cache_dir(),
+                                on_progress=lambda f, msg: progress(f, desc=msg)):
+                last = update
+                path = Path(tempfile.mkdtemp(prefix="disco-sweep-")) / "sweep-runs.csv"
+                update.runs.to_csv(path, index=False)
+                best = best_settings(update.summary)
+                strategies = [s for s in specs if s in set(update.summary["strategy"])]
+                pick = best.get("best_threshold") or REFERENCE_SETTING
+                new_state = {"prompts": [p.id for p in picked], "max_new_tokens": max_new, "specs": strategies}
+                yield (_status(update.summary, update.done, update.total, time.perf_counter() - start),
+                       heatmap_figure(update.summary), top_settings(update.summary),
+                       gr.update(choices=strategies, value=pick if pick in strategies else None),
+                       gr.update(choices=[c for c in choices if c[1] in new_state["prompts"]],
+                                 value=new_state["prompts"][0]),
+                       str(path), new_state)
+            if last is None:
+                yield ("Nothing was replayed.", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        except (BenchError, ValueError, RuntimeError) as exc:
+            yield (f"⚠ {exc}", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+
+    def show_detail(spec, prompt_id, st):
+        if not spec or not prompt_id or not st:
+            return gr.skip(), gr.skip()
+        try:
+            pair = get_pair() if callable(get_pair) else get_pair
+            frame = replay_iterations(pair, by_id[prompt_id], spec, int(st.get("max_new_tokens", 48)), cache_dir())
+        except (BenchError, ValueError, RuntimeError, KeyError) as exc:
+            gr.Warning(str(exc))
+            return gr.skip(), gr.skip()
+        view = frame[DETAIL_COLUMNS].copy()
+        for c in ("min_confidence", "draft_ms", "verify_ms"):
+            view[c] = view[c].astype(float).round(3)
+        if spec == AUTOREGRESSIVE:
+            figure = plots.empty_figure(plots.LOOKAHEAD_TITLE, "autoregressive drafts nothing")
+        else:
+            figure = plots.lookahead_figure(frame, [spec])
+        seconds = float(frame["elapsed_ms"].iloc[-1]) / 1000.0 if not frame.empty else math.nan
+        figure.update_layout(title=dict(text=f"{spec} on {prompt_id}: {len(frame)} iterations, "
+                                             f"{int(frame['new_tokens'].iloc[-1])} tokens, ~{seconds:.1f} s estimated"))
+        return figure, view
+
+    outputs = [status, heatmap, table, setting, detail_prompt, csv_file, state]
+    run_event = run.click(run_sweep, [prompts, static_ks, taus, kmaxes, heuristic, oracle, max_new_tokens], outputs,
+                          api_name="sweep", concurrency_id="compute", concurrency_limit=1, show_progress="full",
+                          show_progress_on=[status])
+    run_event.then(show_detail, [setting, detail_prompt, state], [detail_plot, detail_table],
+                   api_visibility="private", concurrency_id="compute")
+    for widget in (setting, detail_prompt):
+        widget.input(show_detail, [setting, detail_prompt, state], [detail_plot, detail_table],
+                     api_visibility="private", concurrency_id="compute")
