@@ -530,15 +530,17 @@ def heatmap_svg(summary: pd.DataFrame) -> str:
     flat = [v for row in z for v in row if v == v]
     ref = ref if ref == ref else (statistics.median(flat) if flat else 1.0)
     span = max([abs(v - ref) for v in flat] + [1e-3])
-    cw, ch, left, top = 64, 22, 90, 56
-    width, height = left + cw * len(ks) + 20, top + ch * len(taus) + 60
+    cw, ch, left, top = 64, 22, 90, 92
+    width, height = max(left + cw * len(ks) + 20, 560), top + ch * len(taus) + 24
     bt = best.get("best_threshold")
     best_cell = _spec_parts(bt)[1:] if bt else None
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{left}" y="18" font-size="13" font-weight="bold">Speed-up over autoregressive (geomean), τ × KMAX</text>',
-           f'<text x="{left}" y="36">white = best static ({html.escape(str(best.get("best_static")))}, {ref:.2f}x); '
-           'blue = faster, red = slower; black box = τ 0.4 / KMAX 20, green = best</text>']
+           '<text x="10" y="20" font-size="14" font-weight="bold">Speed-up over autoregressive (geometric mean), τ × KMAX</text>',
+           f'<text x="10" y="40">white = as fast as the best static K ({html.escape(str(best.get("best_static")))}, '
+           f'{ref:.2f}x); blue = faster than it, red = slower</text>',
+           f'<text x="10" y="58">black box: τ 0.4 / KMAX 20 (transformers\' default); green box: best threshold '
+           f'({html.escape(str(bt))})</text>']
     for j, k in enumerate(ks):
         out.append(f'<text x="{left + j * cw + cw / 2}" y="{top - 4}" text-anchor="middle">KMAX {k}</text>')
     for i, tau in enumerate(taus):
@@ -640,6 +642,7 @@ def peer_frame(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
             "strategy": spec, "prompts": len(merged),
             "seconds_ours": float(merged["seconds_ours"].sum()), "seconds_hf": float(merged["seconds_hf"].sum()),
             "ratio_ours_over_hf": float(merged["seconds_ours"].sum() / merged["seconds_hf"].sum()),
+            "ratio_median_per_prompt": float((merged["seconds_ours"] / merged["seconds_hf"]).median()),
             "speedup_ours": geomean(merged["speedup_ours"]), "speedup_hf": geomean(merged["speedup_hf"]),
             "same_text": bool(merged["same_as_ours_hf"].astype(bool).all()),
             "equal_target_passes": bool((merged["target_passes_ours"] == merged["target_passes_hf"]).all()),
@@ -775,14 +778,16 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
     if peers is not None and not peers.empty:
         parts += ["", "## Our engine against transformers' assisted generation (timed, same prompts and settings)", ""]
         rows = [[f"`{r.strategy}`", r.prompts, _fmt(r.seconds_ours, ".1f"), _fmt(r.seconds_hf, ".1f"),
-                 _fmt(r.ratio_ours_over_hf, ".3f"), _fmt(r.speedup_ours), _fmt(r.speedup_hf), _fmt(r.same_text),
+                 _fmt(r.ratio_ours_over_hf, ".3f"), _fmt(r.ratio_median_per_prompt, ".3f"), _fmt(r.speedup_ours), _fmt(r.speedup_hf), _fmt(r.same_text),
                  _fmt(r.equal_target_passes), f"{r.target_passes_ours} / {r.target_passes_hf}",
                  _fmt(r.overhead_pct_ours, ".1f")] for r in peers.itertuples()]
-        parts.append(_md_table(["strategy", "prompts", "ours s", "hf s", "ours / hf", "speed-up ours", "speed-up hf",
+        parts.append(_md_table(["strategy", "prompts", "ours s", "hf s", "ours / hf", "median per prompt",
+                                "speed-up ours", "speed-up hf",
                                 "same text", "equal target passes", "target passes ours / hf", "overhead % (ours)"], rows))
         total = peers["seconds_ours"].sum() / peers["seconds_hf"].sum()
         parts += ["", f"Total seconds ours / transformers over all timed settings: **{total:.3f}** "
-                      f"(goal ≤ 1.0). Engine overhead (time outside the two models' forward passes) averages "
+                      f"(speculative settings only: {_fmt(meta.get('ours_over_hf_speculative'), '.3f')}; goal ≤ 1.0). "
+                      f"Speed-ups are against each implementation's own autoregressive run. Engine overhead (time outside the two models' forward passes) averages "
                       f"{_fmt(meta.get('overhead_pct_mean'), '.2f')} % of iteration time (goal < 5 %)."]
     if validation.get("checked"):
         parts += ["", "## Validation: replay against timed runs", "",
@@ -919,20 +924,34 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
             frame["confidences"] = frame["confidences"].map(lambda cs: " ".join(f"{c:.4f}" for c in cs))
             frame.to_csv(cfg.out / "timed_iterations.csv", index=False)
 
-    runs_df = add_decode_speedup(pd.DataFrame(runs))
+    meta["wall_seconds"] = time.perf_counter() - wall
+    return write_reports(cfg.out, pd.DataFrame(runs), meta, theory)
+
+
+def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFrame | None = None) -> dict:
+    """Every summary output from runs.csv's rows and the run's meta (also used by ``--report-only``)."""
+    runs_df = add_decode_speedup(runs)
     summary = summarize_runs(runs_df)
-    val = validation_frame(runs_df) if cfg.mode == "both" else pd.DataFrame()
+    modes = set(runs_df["mode"]) if not runs_df.empty else set()
+    val = validation_frame(runs_df) if {"replay", "timed"} <= modes else pd.DataFrame()
     validation = validation_outcome(val)
-    peers = peer_frame(summary, runs_df) if cfg.mode in ("timed", "both") else pd.DataFrame()
-    timed_ours = runs_df[(runs_df["mode"] == "timed") & (runs_df["implementation"] == "ours")] if not runs_df.empty else runs_df
+    peers = peer_frame(summary, runs_df) if "timed" in modes else pd.DataFrame()
+    timed_ours = runs_df[(runs_df["mode"] == "timed") & (runs_df["implementation"] == "ours")] if modes else runs_df
     spec_rows = timed_ours[timed_ours["strategy"] != AUTOREGRESSIVE] if not timed_ours.empty else timed_ours
     meta["overhead_pct_mean"] = float(pd.to_numeric(spec_rows["overhead_pct"], errors="coerce").mean()) if not spec_rows.empty else math.nan
     meta["validation"] = validation
     meta["ours_over_hf_total"] = (float(peers["seconds_ours"].sum() / peers["seconds_hf"].sum())
                                   if not peers.empty else math.nan)
-    meta["wall_seconds"] = time.perf_counter() - wall
+    spec_peers = peers[peers["strategy"] != AUTOREGRESSIVE] if not peers.empty else peers
+    meta["ours_over_hf_speculative"] = (float(spec_peers["seconds_ours"].sum() / spec_peers["seconds_hf"].sum())
+                                        if not spec_peers.empty else math.nan)
+    if "replay" in modes:
+        meta["best"] = best_settings(summary)
+        if theory is None and meta.get("costs") and meta.get("alpha") is not None:
+            costs = CostModel.from_dict(meta["costs"])
+            theory = theory_frame(float(meta["alpha"]), costs.cost_ratio, costs, summary)
 
-    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
     runs_df.to_csv(out / "runs.csv", index=False)
     summary.to_csv(out / "summary.csv", index=False)
     if theory is not None:
@@ -943,7 +962,7 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
         peers.to_csv(out / "peer.csv", index=False)
     files = {"runs": out / "runs.csv", "summary": out / "summary.csv", "summary_md": out / "summary.md",
              "meta": out / "meta.json"}
-    if cfg.mode in ("replay", "both") and not summary.empty:
+    if "replay" in modes and not summary.empty:
         fig = heatmap_figure(summary)
         fig.write_html(out / "heatmap.html", include_plotlyjs="cdn", full_html=True)
         (out / "heatmap.svg").write_text(heatmap_svg(summary), encoding="utf-8")
@@ -958,6 +977,16 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
     (out / "summary.md").write_text(summary_markdown(meta, summary, theory, validation, val, peers), encoding="utf-8")
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=_json_default), encoding="utf-8")
     return {"files": files, "meta": meta, "summary": summary, "runs": runs_df, "validation": validation, "peers": peers}
+
+
+def report_only(out: Path) -> dict:
+    """Rebuild the summaries from an earlier run's runs.csv and meta.json (no models needed)."""
+    try:
+        runs = pd.read_csv(out / "runs.csv")
+        meta = json.loads((out / "meta.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"--report-only needs runs.csv and meta.json in {out}: {exc}") from None
+    return write_reports(out, runs, meta)
 
 
 def _json_default(o):
@@ -1121,6 +1150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-peer", action="store_true", help="skip transformers' generate")
     p.add_argument("--threads", type=_int_arg, default=None, help="torch intra-op threads")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild summary.csv/md, heatmaps, theory, validation from OUT/runs.csv and meta.json")
     return p
 
 
@@ -1156,6 +1187,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         cfg = config_from_args(args, argv)
+        if args.report_only:
+            result = report_only(cfg.out)
+            print(f"rewrote the reports in {cfg.out}/")
+            return 0
         import torch
 
         if args.threads:

@@ -95,6 +95,17 @@ def test_summary_files(quick):
     assert meta["best"]["best_static"].startswith("static:") and meta["best"]["best_threshold"].startswith("threshold:")
 
 
+def test_report_only_rebuilds_the_summaries_without_models(quick):
+    before = (quick / "summary.md").read_text()
+    (quick / "summary.md").unlink()
+    (quick / "heatmap.svg").unlink()
+    assert bench.main(["--report-only", "--out", str(quick)]) == 0
+    after = (quick / "summary.md").read_text()
+    assert (quick / "heatmap.svg").is_file()
+    cut = lambda text: text.split("## Validation")[0]  # noqa: E731
+    assert cut(after) == cut(before)
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--quick", "--max-new-tokens", "0"], "positive"),
     (["--quick", "--strategy", "static:zero"], "static:zero"),
@@ -102,6 +113,7 @@ def test_summary_files(quick):
     (["--quick", "--suite", "/nonexistent/suite.json"], "suite"),
     (["--models", "nonsense", "--mode", "replay"], "nonsense"),
     (["--bogus"], "bogus"),
+    (["--report-only"], "runs.csv"),
 ])
 def test_errors_are_one_line_and_exit_2(argv, needle, capsys, tmp_path):
     code = bench.main(argv + ["--out", str(tmp_path / "out"), "--no-progress"])
