@@ -32,7 +32,7 @@ def _log(message: str) -> None:
 # generate
 
 
-def _positive_int(text: str) -> int:
+def _integer(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -60,11 +60,11 @@ def add_generate(sub) -> None:
     p.add_argument("--strategy", action="append", dest="strategies", metavar="SPEC",
                    help="repeatable: autoregressive, static:K, heuristic:K, threshold:TAU[:KMAX], oracle[:KMAX] "
                         f"(default: {' '.join(DEFAULT_STRATEGIES)})")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    p.add_argument("--max-new-tokens", type=_integer, default=64)
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=_float, default=1.0)
     p.add_argument("--top-p", type=_float, default=1.0)
-    p.add_argument("--seed", type=_positive_int, default=0)
+    p.add_argument("--seed", type=_integer, default=0)
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--csv", type=Path, help="write the per-iteration trace of all strategies here")
