@@ -18,13 +18,21 @@ PAGE_CSS = ".gradio-container { max-width: 1600px !important; } #disco-status p 
 
 def build_demo(models: str | None = None) -> gr.Blocks:
     loader = ui.ModelLoader(models or os.environ.get("DISCO_MODELS", "embedded")).start()
+    stops = ui.StopSignals()
     d = ui.DEFAULTS
 
     def compare(prompt, lane_a=d.lane_a, lane_b=d.lane_b, k=d.k, threshold=d.threshold, max_lookahead=d.max_lookahead,
                 max_new_tokens=d.max_new_tokens, baseline=d.baseline, chat=d.chat, sample=d.sample,
-                temperature=d.temperature, top_p=d.top_p, seed=d.seed):
+                temperature=d.temperature, top_p=d.top_p, seed=d.seed, request: gr.Request = None):
+        session = request.session_hash if request is not None else None
         yield from ui.compare(loader.get, prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens,
-                              baseline, chat, sample, temperature, top_p, seed)
+                              baseline, chat, sample, temperature, top_p, seed, should_stop=stops.checker(session))
+
+    def arm(request: gr.Request):
+        stops.arm(request.session_hash)
+
+    def stop_run(request: gr.Request):
+        stops.request(request.session_hash)
 
     with gr.Blocks(title="DISCO Lab: dynamic speculation lookahead") as demo:
         gr.Markdown("# DISCO Lab\nSpeculative decoding with a **static** and a **dynamic** (confidence-thresholded) "
@@ -91,10 +99,12 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                   temperature, top_p, seed]
         outputs = [run_status, lanes, race_plot, lookahead_plot, latency_plot, confidence_plot, summary,
                    iterations_csv, tokens_csv]
-        run_event = run.click(compare, inputs, outputs, api_name="compare", concurrency_id="compute",
-                              concurrency_limit=1, show_progress="full", show_progress_on=[run_status])
-        stop.click(lambda: "■ **Stopped**: the lanes show where the run was; press **Run** to start again.",
-                   outputs=[run_status], cancels=[run_event], queue=False, api_visibility="private")
+        # Run first clears this session's stop request (unqueued), then queues the race. Stop asks the race to end
+        # after the iteration in flight; the race itself then shows "Stopped" and hands over the partial trace.
+        run.click(arm, None, None, queue=False, api_visibility="private").then(
+            compare, inputs, outputs, api_name="compare", concurrency_id="compute", concurrency_limit=1,
+            show_progress="full", show_progress_on=[run_status])
+        stop.click(stop_run, None, None, queue=False, api_visibility="private")
         demo.load(loader.status_stream, outputs=[model_status], concurrency_limit=None, api_visibility="private",
                   show_progress="hidden")
     return demo

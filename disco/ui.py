@@ -368,7 +368,40 @@ def write_csvs(snapshot, directory: Path | None = None) -> tuple[str, str]:
 # the run
 
 
-def _status(snapshot, wall: float, final: bool, notes: list[str]) -> str:
+class StopSignals:
+    """Stop requests, one per browser session, that a running race reads between iterations.
+
+    Stop does not kill the run (a killed generator could not hand over what it had): the race sees the request
+    after the iteration in flight, writes the partial trace to the CSV files and ends with a "Stopped" status.
+    ``arm`` is called when Run is pressed, so that a Stop pressed before then does not cancel the new run.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[str, threading.Event] = {}
+
+    def _event(self, session: str | None) -> threading.Event:
+        with self._lock:
+            if len(self._events) > 4096:  # sessions come and go: forget the idle ones
+                self._events = {k: e for k, e in self._events.items() if not e.is_set()}
+            return self._events.setdefault(session or "", threading.Event())
+
+    def arm(self, session: str | None) -> None:
+        self._event(session).clear()
+
+    def request(self, session: str | None) -> None:
+        self._event(session).set()
+
+    def checker(self, session: str | None) -> Callable[[], bool]:
+        return self._event(session).is_set
+
+
+def _progress(snapshot) -> str:
+    by = {s["strategy"]: s for s in snapshot.summaries()}
+    return " · ".join(f"`{s}` {by[s]['new_tokens']}/{snapshot.settings.max_new_tokens}" for s in snapshot.strategies)
+
+
+def _status(snapshot, wall: float, final: bool, notes: list[str], stopped: bool = False) -> str:
     summaries = snapshot.summaries()
     by = {s["strategy"]: s for s in summaries}
     meta = snapshot.meta
@@ -377,10 +410,11 @@ def _status(snapshot, wall: float, final: bool, notes: list[str]) -> str:
         f"seed={snapshot.settings.seed}")
     where = f"{meta.get('models', '?')} · {meta.get('dtype', '?')} on {meta.get('device', '?')} · " \
             f"prompt {meta.get('prompt_tokens', '?')} tokens · {mode}"
+    if stopped:
+        return (f"■ **Stopped** after {wall:.1f} s · {_progress(snapshot)} · the partial trace is in the CSV files "
+                f"below; press **Run** to start again  \n<small>{where}</small>")
     if not final:
-        progress = " · ".join(f"`{s}` {by[s]['new_tokens']}/{snapshot.settings.max_new_tokens}"
-                              for s in snapshot.strategies)
-        return f"● **Running** ({wall:.1f} s) · {progress}  \n<small>{where}</small>"
+        return f"● **Running** ({wall:.1f} s) · {_progress(snapshot)}  \n<small>{where}</small>"
     parts = []
     base = by.get(AUTOREGRESSIVE)
     for s in snapshot.strategies:
@@ -404,7 +438,7 @@ def _status(snapshot, wall: float, final: bool, notes: list[str]) -> str:
 
 
 def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None, files=(None, None),
-           figures: bool = True) -> tuple:
+           figures: bool = True, stopped: bool = False) -> tuple:
     """All of the page's outputs for one snapshot, in OUTPUT_LABELS order (``gr.skip()`` for what is unchanged:
     the CSV files until the end, the figures when ``figures`` is false)."""
     frame = snapshot.iterations()
@@ -412,7 +446,7 @@ def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None,
     strategies = snapshot.strategies
     figs = plots.all_figures(frame, strategies) if figures or final else (gr.skip(),) * 4
     return (
-        _status(snapshot, wall, final, notes),
+        _status(snapshot, wall, final, notes, stopped),
         lanes_html(strategies, snapshot.tokens(), summaries, decode),
         *figs,
         summary_frame(summaries),
@@ -426,10 +460,12 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
             max_new_tokens=DEFAULTS.max_new_tokens, baseline: bool = DEFAULTS.baseline, chat: bool = DEFAULTS.chat,
             sample: bool = DEFAULTS.sample, temperature=DEFAULTS.temperature, top_p=DEFAULTS.top_p,
             seed=DEFAULTS.seed, *, interval: float = UPDATE_INTERVAL_S,
-            plot_interval: float = PLOT_INTERVAL_S) -> Iterator[tuple]:
+            plot_interval: float = PLOT_INTERVAL_S, should_stop: Callable[[], bool] | None = None) -> Iterator[tuple]:
     """Race the lanes and stream the page's outputs (see OUTPUT_LABELS).
 
     ``get_pair`` is a ModelPair or a function returning one (it may wait for start-up loading).
+    ``should_stop`` is polled after every iteration: when it turns true the run ends early with a "Stopped"
+    status and the partial trace in the CSV files.
     User mistakes become ``gr.Error`` with the engine's one-line message.
     """
     start = time.perf_counter()
@@ -452,12 +488,16 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
            summary_frame([]), None, None)
 
     snapshot = None
+    stopped = False
     try:
         pair = get_pair() if callable(get_pair) else get_pair
         decode = getattr(pair, "decode", None)
         last = last_plot = -math.inf
         cost = 0.0
         for snapshot in race(pair, prompt, strategies, settings, chat=bool(chat)):
+            if should_stop is not None and not snapshot.finished and should_stop():
+                stopped = True
+                break
             now = time.perf_counter()
             # never spend more than about a third of the wall time on drawing (the lanes' own clocks don't
             # count it, but a visitor waits for it)
@@ -481,7 +521,8 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
     if snapshot is None:
         raise gr.Error("the run produced no iterations")
     files = write_csvs(snapshot)
-    yield render(snapshot, final=True, wall=time.perf_counter() - start, notes=notes, decode=decode, files=files)
+    yield render(snapshot, final=True, wall=time.perf_counter() - start, notes=notes, decode=decode, files=files,
+                 stopped=stopped)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -105,6 +105,46 @@ def test_figures_have_a_slower_cadence_than_text(pair):
     assert all(isinstance(f, go.Figure) for f in updates[-1][2:6])  # the final update always draws
 
 
+def test_stop_ends_the_run_with_the_partial_trace(pair):
+    """Stop is read between iterations: the run ends with "Stopped", the lanes as they were and the CSVs of the
+    iterations done so far (nothing computed is lost)."""
+    polls = []
+
+    def should_stop():
+        polls.append(1)
+        return len(polls) >= 6  # after a few iterations
+
+    updates = list(ui.compare(pair, "Once upon a time", max_new_tokens=64, interval=0.0, plot_interval=0.0,
+                              should_stop=should_stop))
+    final = updates[-1]
+    assert "Stopped" in final[0] and "Done" not in final[0]
+    assert len(polls) == 6  # nothing ran after the request was seen
+    iterations = pd.read_csv(final[7])
+    tokens = pd.read_csv(final[8])
+    assert len(iterations) == 6  # one snapshot per lane iteration, round robin
+    assert set(iterations["strategy"]) == {"autoregressive", "static:5", "threshold:0.4:20"}
+    summary = final[6]
+    assert (summary["new tokens"] < 64).all()
+    for lane in summary["lane"]:
+        made = int(summary.loc[summary["lane"] == lane, "new tokens"].iloc[0])
+        assert (tokens["strategy"] == lane).sum() == made
+        assert (iterations.loc[iterations["strategy"] == lane, "accepted"].sum()
+                + (iterations["strategy"] == lane).sum()) >= made  # every token accounted for by an iteration
+        assert _token_count(final[1], lane) == made
+
+
+def test_stop_signals_are_per_session_and_rearmed_by_run():
+    stops = ui.StopSignals()
+    mine, theirs = stops.checker("a"), stops.checker("b")
+    assert not mine() and not theirs()
+    stops.request("a")
+    assert mine() and not theirs()
+    stops.arm("a")  # the next Run of session a starts clean
+    assert not mine()
+    stops.request(None)  # no session (API client without one): its own slot
+    assert stops.checker(None)() and not mine()
+
+
 def test_bad_input_becomes_gr_error(pair):
     cases = [
         dict(prompt="   "),                                       # empty prompt
