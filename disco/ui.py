@@ -371,26 +371,38 @@ def write_csvs(snapshot, directory: Path | None = None) -> tuple[str, str]:
 class StopSignals:
     """Stop requests, one per browser session, that a running race reads between iterations.
 
-    Stop does not kill the run (a killed generator could not hand over what it had): the race sees the request
-    after the iteration in flight, writes the partial trace to the CSV files and ends with a "Stopped" status.
-    ``arm`` is called when Run is pressed, so that a Stop pressed before then does not cancel the new run.
+    Stop does not kill the run: a killed generator could not hand over what it had, and the forward pass in
+    flight would go on computing in its worker thread while the next visitor's run started, spoiling both
+    timings. The race sees the request after the iteration in flight, writes the partial trace to the CSV
+    files and ends with a "Stopped" status. ``arm`` is called when Run is pressed (so a Stop pressed earlier
+    does not cancel the new run) and ``done`` when the run has ended, queued or not.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._events: dict[str, threading.Event] = {}
+        self._active: set[str] = set()
 
     def _event(self, session: str | None) -> threading.Event:
         with self._lock:
             if len(self._events) > 4096:  # sessions come and go: forget the idle ones
-                self._events = {k: e for k, e in self._events.items() if not e.is_set()}
+                self._events = {k: e for k, e in self._events.items() if k in self._active}
             return self._events.setdefault(session or "", threading.Event())
 
     def arm(self, session: str | None) -> None:
         self._event(session).clear()
+        with self._lock:
+            self._active.add(session or "")
 
-    def request(self, session: str | None) -> None:
+    def done(self, session: str | None) -> None:
+        with self._lock:
+            self._active.discard(session or "")
+
+    def request(self, session: str | None) -> bool:
+        """Ask the session's run to stop; true when it has one queued or running."""
         self._event(session).set()
+        with self._lock:
+            return (session or "") in self._active
 
     def checker(self, session: str | None) -> Callable[[], bool]:
         return self._event(session).is_set

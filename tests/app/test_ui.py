@@ -137,12 +137,14 @@ def test_stop_signals_are_per_session_and_rearmed_by_run():
     stops = ui.StopSignals()
     mine, theirs = stops.checker("a"), stops.checker("b")
     assert not mine() and not theirs()
-    stops.request("a")
-    assert mine() and not theirs()
-    stops.arm("a")  # the next Run of session a starts clean
+    assert stops.request("a") is False  # nothing queued or running: nothing to report
+    stops.arm("a")  # Run pressed: an earlier Stop does not cancel the new run
     assert not mine()
-    stops.request(None)  # no session (API client without one): its own slot
-    assert stops.checker(None)() and not mine()
+    assert stops.request("a") is True and mine() and not theirs()
+    stops.done("a")
+    assert stops.request("a") is False
+    stops.arm(None)  # no session (an API client without one): its own slot
+    assert stops.request(None) is True and stops.checker(None)() and not theirs()
 
 
 def test_bad_input_becomes_gr_error(pair):

@@ -77,6 +77,8 @@ def test_threshold_run_streams_draws_and_downloads(page, tmp_path):
 
 
 def test_stop_ends_the_run_keeps_its_trace_and_the_app_stays_ready(page):
+    page.click("#stop")  # Stop with nothing running changes nothing and does not cancel the next run
+    assert page.locator("#stop").is_enabled()
     set_slider(page, "max-new-tokens", 512)
     page.locator("#prompt textarea").fill("Explain in simple terms why a binary search runs in logarithmic time.")
     page.click("#run")
@@ -90,6 +92,7 @@ def test_stop_ends_the_run_keeps_its_trace_and_the_app_stays_ready(page):
     assert lane_tokens(page, "autoregressive") == frozen, "the lanes kept growing after Stop"
     assert "Stopped" in status(page)
     assert 0 < frozen < 512
+    page.wait_for_selector("#stop:not([disabled]):has-text('Stop')")  # "Stopping…" while it ended, then back
 
     with page.expect_download() as download:  # the partial trace is handed over, not lost
         page.locator("#iterations-csv a").first.click()
