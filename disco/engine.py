@@ -22,6 +22,7 @@ transformers caps it the same way, which keeps pass counts comparable.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -34,6 +35,10 @@ from disco.trace import (
 )
 
 MAX_NEW_TOKENS_LIMIT = 4096
+
+
+class Interrupted(Exception):
+    """A step abandoned at the caller's request (Stop in the app); that decoder cannot step again."""
 
 
 class InputError(ValueError):
@@ -56,6 +61,36 @@ class DecodeSettings:
                 raise InputError(f"temperature must be in (0, 100], got {self.temperature}")
             if not 0 < self.top_p <= 1:
                 raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+# Stop inside a forward pass: a pre-hook on every transformer layer polls the interrupt of the pass running in
+# this thread (none outside Decoder passes, so other users of the same model never see it). A CPU verify pass
+# can take seconds; with the hooks Stop waits for one layer. Cost: a thread-local lookup per layer (~0.1 us).
+_PASS = threading.local()
+
+
+def _interrupt_hook(module, args) -> None:
+    interrupt = getattr(_PASS, "interrupt", None)
+    if interrupt is not None and interrupt():
+        raise Interrupted("stopped inside a forward pass")
+
+
+def install_interrupt_hooks(model) -> int:
+    """Hook the model's stack of transformer layers (the ModuleList as long as ``num_hidden_layers``) once;
+    return how many layers are hooked (0 for an unusual architecture: Stop then waits for the whole pass)."""
+    hooked = getattr(model, "_disco_interrupt_layers", None)
+    if hooked is not None:
+        return hooked
+    n_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    hooked = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and n_layers and len(module) == n_layers:
+            for layer in module:
+                layer.register_forward_pre_hook(_interrupt_hook)
+            hooked = len(module)
+            break
+    model._disco_interrupt_layers = hooked
+    return hooked
 
 
 def _sync(device: torch.device) -> None:
@@ -147,6 +182,11 @@ class Decoder:
         self.elapsed_ms = 0.0
         self.done = False
         self.finish_reason: str | None = None
+        self.interrupted = False
+        self._interrupt = None  # the running step's interrupt, polled by the layer hooks
+        if policy.uses_assistant:
+            install_interrupt_hooks(pair.assistant)
+        install_interrupt_hooks(pair.target)
 
     # -- public views -------------------------------------------------------------------------
 
@@ -165,10 +205,22 @@ class Decoder:
         x = torch.tensor([tokens], dtype=torch.long, device=self.device)
         _sync(self.device)
         start = time.perf_counter()
-        out = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=keep)
+        _PASS.interrupt = self._interrupt
+        try:
+            out = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=keep)
+        except Interrupted:
+            self.interrupted = True  # the cache holds half a pass now: this decoder is spent
+            raise
+        finally:
+            _PASS.interrupt = None
         logits = out.logits[0, -keep:].float()
         _sync(self.device)
         return logits, (time.perf_counter() - start) * 1000.0
+
+    def _check(self, interrupt) -> None:
+        if interrupt is not None and interrupt():
+            self.interrupted = True  # the caches may hold unverified drafts now: this decoder is spent
+            raise Interrupted(self.strategy)
 
     def _pick(self, probs: torch.Tensor) -> int:
         if self.settings.sample:
@@ -178,9 +230,20 @@ class Decoder:
     # -- one iteration ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self) -> IterationRecord:
-        if self.done:
-            raise RuntimeError("step() called on a finished decoder")
+    def step(self, interrupt=None) -> IterationRecord:
+        """One draft -> verify -> accept iteration. ``interrupt`` (a function returning true to stop) is polled
+        before every forward pass; when it fires the iteration is abandoned, nothing of it is recorded, and
+        ``Interrupted`` is raised. The model's layers poll it too (``install_interrupt_hooks``), so Stop waits for
+        one transformer layer, not for a whole verify pass (seconds on a CPU)."""
+        if self.done or self.interrupted:
+            raise RuntimeError(f"step() called on a {'finished' if self.done else 'interrupted'} decoder")
+        self._interrupt = interrupt
+        try:
+            return self._step(interrupt)
+        finally:
+            self._interrupt = None
+
+    def _step(self, interrupt) -> IterationRecord:
         policy, settings = self.policy, self.settings
         _sync(self.device)
         t0 = time.perf_counter()
@@ -200,6 +263,7 @@ class Decoder:
         if policy.uses_assistant:
             stop = STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD
             for j in range(budget):
+                self._check(interrupt)
                 feed = self.ids[self.a_len:] if j == 0 else [drafts[-1]]
                 logits, ms = self._forward(self.pair.assistant, self.a_cache, feed, 1)
                 self.a_len += len(feed)
@@ -224,6 +288,7 @@ class Decoder:
         t1 = time.perf_counter()
 
         # 2. verify: one target pass over [everything the target has not seen] + drafts
+        self._check(interrupt)
         feed = self.ids[self.t_len:] + drafts
         logits, ms = self._forward(self.pair.target, self.t_cache, feed, len(drafts) + 1)
         self.t_len += len(feed)
@@ -285,7 +350,7 @@ class Decoder:
         self.records.append(record)
         return record
 
-    def run(self) -> "Decoder":
+    def run(self, interrupt=None) -> "Decoder":
         while not self.done:
-            self.step()
+            self.step(interrupt)
         return self

@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pandas as pd
 
-from disco.engine import Decoder, DecodeSettings, InputError
+from disco.engine import Decoder, DecodeSettings, InputError, Interrupted
 from disco.policies import Oracle, Policy, parse_strategy
 from disco.trace import iterations_frame, summarize, tokens_frame
 
@@ -43,12 +43,13 @@ def encode_prompt(pair, prompt: str, chat: bool, max_new_tokens: int) -> list[in
 _REFERENCE_CACHE: "OrderedDict[tuple, list[int]]" = OrderedDict()
 
 
-def greedy_reference(pair, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """The target's own greedy continuation (what the oracle knows in advance). Untimed; memoised."""
+def greedy_reference(pair, prompt_ids: list[int], max_new_tokens: int, interrupt=None) -> list[int]:
+    """The target's own greedy continuation (what the oracle knows in advance). Untimed; memoised.
+    ``interrupt`` as for ``Decoder.step`` (raises ``Interrupted``; nothing is memoised then)."""
     key = (id(pair), tuple(prompt_ids), max_new_tokens)
     if key not in _REFERENCE_CACHE:
         decoder = Decoder(pair, prompt_ids, Policy(AUTOREGRESSIVE), DecodeSettings(max_new_tokens=max_new_tokens))
-        _REFERENCE_CACHE[key] = decoder.run().output_ids
+        _REFERENCE_CACHE[key] = decoder.run(interrupt).output_ids
         while len(_REFERENCE_CACHE) > 32:
             _REFERENCE_CACHE.popitem(last=False)
     return _REFERENCE_CACHE[key]
@@ -126,10 +127,13 @@ def _with_meta(frame: pd.DataFrame, meta: dict) -> pd.DataFrame:
 
 
 def race(pair, prompt: str, strategies: list[str], settings: DecodeSettings, chat: bool = False,
-         meta: dict | None = None) -> Iterator[Snapshot]:
+         meta: dict | None = None, should_stop: Callable[[], bool] | None = None) -> Iterator[Snapshot]:
     """Advance every strategy one iteration at a time, round-robin; yield a snapshot after each step.
 
-    Validation happens before the first yield, so bad input raises immediately.
+    Validation happens before the first yield, so bad input raises immediately. ``should_stop`` is polled
+    before every forward pass: when it turns true the iteration in progress is abandoned and the race ends
+    (the last snapshot yielded then holds every completed iteration; an oracle's reference interrupted while
+    it is computed raises ``Interrupted`` here).
     """
     settings.validate()
     policies = build_policies(list(strategies))
@@ -138,21 +142,25 @@ def race(pair, prompt: str, strategies: list[str], settings: DecodeSettings, cha
     pair.warmup()
     for policy in policies:
         if isinstance(policy, Oracle):  # untimed: the oracle knows the target's answer in advance
-            policy.reference = greedy_reference(pair, prompt_ids, settings.max_new_tokens)
+            policy.reference = greedy_reference(pair, prompt_ids, settings.max_new_tokens, should_stop)
     info = dict(pair.describe())
     info.update(prompt_tokens=len(prompt_ids), chat=chat, max_new_tokens=settings.max_new_tokens,
                 sample=settings.sample, temperature=settings.temperature if settings.sample else None,
                 top_p=settings.top_p if settings.sample else None, seed=settings.seed if settings.sample else None)
     info.update(meta or {})
-    return _round_robin(decoders, settings, info)
+    return _round_robin(decoders, settings, info, should_stop)
 
 
-def _round_robin(decoders: list[Decoder], settings: DecodeSettings, info: dict) -> Iterator[Snapshot]:
+def _round_robin(decoders: list[Decoder], settings: DecodeSettings, info: dict,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[Snapshot]:
     snapshot = Snapshot(decoders, settings, info)
     while not snapshot.finished:
         for d in decoders:
             if not d.done:
-                d.step()
+                try:
+                    d.step(should_stop)
+                except Interrupted:
+                    return
                 snapshot.last = d.strategy
                 yield snapshot
 

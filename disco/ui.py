@@ -23,7 +23,7 @@ import gradio as gr
 import pandas as pd
 
 from disco import plots
-from disco.engine import DecodeSettings, InputError
+from disco.engine import DecodeSettings, InputError, Interrupted
 from disco.models import ModelLoadError, load_pair
 from disco.policies import STRATEGY_KINDS, StrategyError
 from disco.race import AUTOREGRESSIVE, build_policies, race
@@ -373,8 +373,8 @@ class StopSignals:
 
     Stop does not kill the run: a killed generator could not hand over what it had, and the forward pass in
     flight would go on computing in its worker thread while the next visitor's run started, spoiling both
-    timings. The race sees the request after the iteration in flight, writes the partial trace to the CSV
-    files and ends with a "Stopped" status. ``arm`` is called when Run is pressed (so a Stop pressed earlier
+    timings. The race sees the request before its next forward pass, abandons that iteration, writes the
+    completed iterations to the CSV files and ends with a "Stopped" status. ``arm`` is called when Run is pressed (so a Stop pressed earlier
     does not cancel the new run) and ``done`` when the run has ended, queued or not.
     """
 
@@ -467,6 +467,13 @@ def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None,
     )
 
 
+def _blank(status: str, strategies: list[str], lane_message: str, plot_message: str) -> tuple:
+    """The page's outputs when there is no iteration to show (starting, or stopped before the first)."""
+    titles = (plots.RACE_TITLE, plots.LOOKAHEAD_TITLE, plots.LATENCY_TITLE, plots.CONFIDENCE_TITLE)
+    return (status, lanes_html(strategies, None, None, message=lane_message),
+            *(plots.empty_figure(t, plot_message) for t in titles), summary_frame([]), None, None)
+
+
 def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = DEFAULTS.lane_b, k=DEFAULTS.k,
             threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
             max_new_tokens=DEFAULTS.max_new_tokens, baseline: bool = DEFAULTS.baseline, chat: bool = DEFAULTS.chat,
@@ -476,8 +483,8 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
     """Race the lanes and stream the page's outputs (see OUTPUT_LABELS).
 
     ``get_pair`` is a ModelPair or a function returning one (it may wait for start-up loading).
-    ``should_stop`` is polled after every iteration: when it turns true the run ends early with a "Stopped"
-    status and the partial trace in the CSV files.
+    ``should_stop`` is polled before every forward pass: when it turns true the iteration in progress is
+    abandoned and the run ends with a "Stopped" status and the completed iterations' trace in the CSV files.
     User mistakes become ``gr.Error`` with the engine's one-line message.
     """
     start = time.perf_counter()
@@ -493,23 +500,16 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
         gr.Warning(note)
 
     waiting = "warming up" + (" and computing the oracle's reference" if any(s.startswith("oracle") for s in strategies) else "")
-    yield (f"○ **Starting** · {', '.join(f'`{s}`' for s in strategies)} · {waiting}…",
-           lanes_html(strategies, None, None, message=waiting + "…"),
-           *(plots.empty_figure(t, "waiting for the first iteration…") for t in
-             (plots.RACE_TITLE, plots.LOOKAHEAD_TITLE, plots.LATENCY_TITLE, plots.CONFIDENCE_TITLE)),
-           summary_frame([]), None, None)
+    yield _blank(f"○ **Starting** · {', '.join(f'`{s}`' for s in strategies)} · {waiting}…", strategies,
+                 waiting + "…", "waiting for the first iteration…")
 
     snapshot = None
-    stopped = False
     try:
         pair = get_pair() if callable(get_pair) else get_pair
         decode = getattr(pair, "decode", None)
         last = last_plot = -math.inf
         cost = 0.0
-        for snapshot in race(pair, prompt, strategies, settings, chat=bool(chat)):
-            if should_stop is not None and not snapshot.finished and should_stop():
-                stopped = True
-                break
+        for snapshot in race(pair, prompt, strategies, settings, chat=bool(chat), should_stop=should_stop):
             now = time.perf_counter()
             # never spend more than about a third of the wall time on drawing (the lanes' own clocks don't
             # count it, but a visitor waits for it)
@@ -522,6 +522,8 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
                 last_plot = now if with_figures else last_plot
                 yield update
                 last = time.perf_counter()
+    except Interrupted:  # Stop while the oracle's reference was being computed: no iteration has run
+        pass
     except USER_ERRORS as exc:
         raise gr.Error(str(exc), print_exception=False) from None
     except gr.Error:
@@ -530,6 +532,11 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
         log.exception("run failed")
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise gr.Error(f"the run failed: {type(exc).__name__}: {first}") from None
+    stopped = should_stop is not None and (snapshot is None or not snapshot.finished) and should_stop()
+    if snapshot is None and stopped:
+        yield _blank(f"■ **Stopped** after {time.perf_counter() - start:.1f} s, before any lane finished an "
+                     "iteration; press **Run** to start again", strategies, "stopped", "stopped before the first iteration")
+        return
     if snapshot is None:
         raise gr.Error("the run produced no iterations")
     files = write_csvs(snapshot)

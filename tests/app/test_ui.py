@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 
 import gradio as gr
 import pandas as pd
@@ -106,31 +107,35 @@ def test_figures_have_a_slower_cadence_than_text(pair):
 
 
 def test_stop_ends_the_run_with_the_partial_trace(pair):
-    """Stop is read between iterations: the run ends with "Stopped", the lanes as they were and the CSVs of the
-    iterations done so far (nothing computed is lost)."""
-    polls = []
-
-    def should_stop():
-        polls.append(1)
-        return len(polls) >= 6  # after a few iterations
-
-    updates = list(ui.compare(pair, "Once upon a time", max_new_tokens=64, interval=0.0, plot_interval=0.0,
-                              should_stop=should_stop))
-    final = updates[-1]
+    """Stop pressed while the page shows an update: the run ends with "Stopped", nothing runs after the request
+    is seen, and the lanes, summary and CSVs keep every iteration completed until then (nothing is lost)."""
+    stop = threading.Event()
+    run = ui.compare(pair, "Once upon a time", max_new_tokens=64, interval=0.0, plot_interval=0.0,
+                     should_stop=stop.is_set)
+    updates = []
+    for update in run:
+        updates.append(update)
+        if len(updates) == 4:  # the "Starting" update and three running ones
+            stop.set()
+    *_, shown, final = updates
+    assert "Running" in shown[0]
     assert "Stopped" in final[0] and "Done" not in final[0]
-    assert len(polls) == 6  # nothing ran after the request was seen
+    summary = final[6]
+    assert summary.equals(shown[6])  # exactly where the page was when Stop was pressed
+    assert (summary["new tokens"] < 64).all()
     iterations = pd.read_csv(final[7])
     tokens = pd.read_csv(final[8])
-    assert len(iterations) == 6  # one snapshot per lane iteration, round robin
     assert set(iterations["strategy"]) == {"autoregressive", "static:5", "threshold:0.4:20"}
-    summary = final[6]
-    assert (summary["new tokens"] < 64).all()
     for lane in summary["lane"]:
         made = int(summary.loc[summary["lane"] == lane, "new tokens"].iloc[0])
         assert (tokens["strategy"] == lane).sum() == made
-        assert (iterations.loc[iterations["strategy"] == lane, "accepted"].sum()
-                + (iterations["strategy"] == lane).sum()) >= made  # every token accounted for by an iteration
+        assert iterations.loc[iterations["strategy"] == lane, "emitted"].sum() == made
         assert _token_count(final[1], lane) == made
+
+
+def test_stop_before_the_first_iteration_ends_cleanly(pair):
+    *_, final = ui.compare(pair, "abc", lane_b="oracle", max_new_tokens=32, should_stop=lambda: True)
+    assert "Stopped" in final[0] and final[7] is None and final[8] is None
 
 
 def test_stop_signals_are_per_session_and_rearmed_by_run():

@@ -11,9 +11,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from disco.engine import Decoder, DecodeSettings, InputError
+from disco.engine import Decoder, DecodeSettings, InputError, Interrupted
 from disco.policies import parse_strategy
-from disco.race import encode_prompt, run_all
+from disco.race import encode_prompt, greedy_reference, race, run_all
 
 STRATEGIES = [
     "autoregressive", "static:1", "static:3", "static:8", "heuristic:1", "heuristic:4",
@@ -221,3 +221,89 @@ def test_bad_prompts_are_refused(tiny_pair):
         run_all(tiny_pair, "hello", ["oracle"], DecodeSettings(sample=True))
     with pytest.raises(InputError, match="twice"):
         run_all(tiny_pair, "hello", ["static:3", "static:3"], _greedy(8))
+
+
+class _StopAfter:
+    """An interrupt that fires on its n-th poll (and stays fired)."""
+
+    def __init__(self, n: int):
+        self.n, self.polls = n, 0
+
+    def __call__(self) -> bool:
+        self.polls += 1
+        return self.polls >= self.n
+
+
+def test_interrupt_is_polled_before_every_pass_and_inside_it(tiny_pair):
+    """Polled before each forward pass and by a pre-hook on every transformer layer (2 assistant layers, 6
+    target layers in the tiny pair): a static:4 iteration polls 4 x (1 + 2) + (1 + 6) = 19 times."""
+    prompt_ids = encode_prompt(tiny_pair, "Once upon a time", False, 32)
+    d = Decoder(tiny_pair, prompt_ids, parse_strategy("static:4"), _greedy(32))
+    never = _StopAfter(10**9)
+    record = d.step(never)
+    assert record.lookahead == 4 and never.polls == 19
+    assert tiny_pair.target._disco_interrupt_layers == 6 and tiny_pair.assistant._disco_interrupt_layers == 2
+
+
+@pytest.mark.parametrize("poll", [1, 2, 5, 13, 14, 19])  # before a draft, inside drafts, before/inside verify
+def test_interrupt_abandons_the_iteration(tiny_pair, poll):
+    """The abandoned iteration leaves no record, no token, and a decoder that refuses to go on (its caches may
+    hold unverified drafts or half a pass); the shared models work as before for everyone else."""
+    prompt_ids = encode_prompt(tiny_pair, "Once upon a time", False, 32)
+    d = Decoder(tiny_pair, prompt_ids, parse_strategy("static:4"), _greedy(32))
+    d.step()  # one complete iteration first
+    records, tokens, ids = list(d.records), list(d.tokens), list(d.ids)
+    interrupt = _StopAfter(poll)
+    with pytest.raises(Interrupted):
+        d.step(interrupt)
+    assert interrupt.polls == poll  # nothing polled it (so nothing ran) after it fired
+    assert d.records == records and d.tokens == tokens and d.ids == ids
+    with pytest.raises(RuntimeError, match="interrupted"):
+        d.step()
+    after = run_all(tiny_pair, "Once upon a time", ["autoregressive", "static:4"], _greedy(12))
+    assert after.decoders[0].output_ids == after.decoders[1].output_ids
+
+
+def test_a_never_firing_interrupt_changes_nothing(tiny_pair):
+    plain = run_all(tiny_pair, "def f(x):", ["static:3", "threshold:0.4:8"], _greedy(24))
+    polled = None
+    for polled in race(tiny_pair, "def f(x):", ["static:3", "threshold:0.4:8"], _greedy(24), should_stop=lambda: False):
+        pass
+    for a, b in zip(plain.decoders, polled.decoders):
+        assert a.output_ids == b.output_ids
+        assert [(r.lookahead, r.accepted, r.stop_reason) for r in a.records] == \
+               [(r.lookahead, r.accepted, r.stop_reason) for r in b.records]
+
+
+def test_interrupt_while_the_oracle_reference_is_computed(tiny_pair):
+    interrupt = _StopAfter(3)
+    with pytest.raises(Interrupted):  # raised by race() itself: the reference is computed before any iteration
+        race(tiny_pair, "A new prompt for the oracle", ["oracle:6"], _greedy(40), should_stop=interrupt)
+    assert interrupt.polls == 3
+    final = run_all(tiny_pair, "A new prompt for the oracle", ["autoregressive", "oracle:6"], _greedy(40))
+    assert final.decoders[0].output_ids == final.decoders[1].output_ids  # nothing half-computed was memoised
+
+
+@pytest.mark.parametrize("poll", [1, 7, 8, 60, 200])
+def test_interrupted_race_keeps_every_completed_iteration(tiny_pair, poll):
+    lanes = ["autoregressive", "static:5", "threshold:0.4:20", "oracle:6"]
+    prompt_ids = encode_prompt(tiny_pair, "The quick brown fox", False, 40)
+    greedy_reference(tiny_pair, prompt_ids, 40)  # memoised: the polls below all fall inside the race
+    interrupt = _StopAfter(poll)
+    seen, snapshot = [], None
+    for snapshot in race(tiny_pair, "The quick brown fox", lanes, _greedy(40), should_stop=interrupt):
+        seen.append(sum(len(d.records) for d in snapshot.decoders))
+    assert interrupt.polls == poll  # nothing was polled (so nothing ran) after the request was seen
+    assert seen == list(range(1, len(seen) + 1))  # one snapshot per completed iteration
+    if snapshot is None:  # stopped inside the first lane's first pass (1 poll before it, one per target layer)
+        assert poll <= 1 + tiny_pair.target._disco_interrupt_layers
+        return
+    assert not snapshot.finished
+    for d in snapshot.decoders:
+        recs = d.records
+        assert sum(r.emitted for r in recs) == len(d.output_ids) == len(d.tokens)
+        assert [r.iteration for r in recs] == list(range(1, len(recs) + 1))
+    ar = snapshot.decoders[0].output_ids
+    for d in snapshot.decoders[1:]:  # every lane's partial text is a prefix of the same greedy output
+        n = min(len(ar), len(d.output_ids))
+        assert d.output_ids[:n] == ar[:n]
