@@ -30,6 +30,7 @@ from typing import Callable, Iterable, Iterator
 
 import pandas as pd
 
+from disco.engine import Interrupted
 from disco.policies import Oracle, StrategyError, parse_strategy
 from disco.replay import (
     AUTOREGRESSIVE, KMAXES, STATIC_KS, TAUS, CostModel, ReplayError, build_table, calibrate, default_grid,
@@ -1040,10 +1041,14 @@ def cached_costs(pair, prompt_ids_list: list[list[int]], kmax: int = 20, cache_d
 
 
 def sweep(pair, prompts: list[SuitePrompt], specs: list[str], max_new_tokens: int, cache_dir: Path | None = None,
-          on_progress: Callable[[float, str], None] | None = None) -> Iterator[SweepUpdate]:
+          on_progress: Callable[[float, str], None] | None = None,
+          should_stop: Callable[[], bool] | None = None) -> Iterator[SweepUpdate]:
     """Replay ``specs`` on ``prompts``, one prompt at a time, yielding the growing results after each.
 
-    ``on_progress(fraction, message)`` reports the work inside a prompt (for progress bars).
+    ``on_progress(fraction, message)`` reports the work inside a prompt (for progress bars). ``should_stop`` is
+    polled with every progress report (at most about every quarter second or decoded token): when it turns
+    true the prompt in progress is dropped (its cached table is not saved) and the sweep ends; every update
+    yielded before holds only completed prompts.
     """
     from disco.race import encode_prompt
 
@@ -1063,12 +1068,17 @@ def sweep(pair, prompts: list[SuitePrompt], specs: list[str], max_new_tokens: in
     n = len(prompts)
     for i, (p, ids) in enumerate(zip(prompts, encoded)):
         def at(fraction, what, i=i, p=p):
+            if should_stop is not None and should_stop():
+                raise Interrupted(p.id)
             report((i + fraction) / n, f"prompt {i + 1}/{n} ({p.id}): {what}")
 
-        at(0.0, "target's greedy output")
-        table = build_table(pair, ids, max_new_tokens, cache_dir, name=p.id,
-                            progress=lambda done, total: at(0.5 * done / total, f"target's greedy output {done}/{total}"))
-        replay_many(table, specs, max_new_tokens, progress=lambda f: at(0.5 + 0.5 * f, "assistant's chains"))
+        try:
+            at(0.0, "target's greedy output")
+            table = build_table(pair, ids, max_new_tokens, cache_dir, name=p.id,
+                                progress=lambda done, total: at(0.5 * done / total, f"target's greedy output {done}/{total}"))
+            replay_many(table, specs, max_new_tokens, progress=lambda f: at(0.5 + 0.5 * f, "assistant's chains"))
+        except Interrupted:
+            return
         if table.dirty:
             table.save()
         results = replay_many(table, specs, max_new_tokens, costs)

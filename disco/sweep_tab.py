@@ -83,8 +83,14 @@ def _status(summary: pd.DataFrame, done: int, total: int, seconds: float) -> str
             f"(per-pass costs measured on this machine).")
 
 
+STOP_LABEL = "■ Stop"
+
+
 def build_sweep_tab(get_pair) -> None:
     """Create the Sweep tab's widgets and events (call inside an open ``gr.Tab``)."""
+    from disco.ui import StopSignals
+
+    stops = StopSignals()
     try:
         suite = load_suite()
     except BenchError as exc:
@@ -110,7 +116,9 @@ def build_sweep_tab(get_pair) -> None:
                 heuristic = gr.Checkbox(True, label="heuristic:5")
                 oracle = gr.Checkbox(True, label="oracle (upper bound)")
             max_new_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens", elem_id="sweep-max-new-tokens")
-            run = gr.Button("▶ Run sweep", variant="primary", elem_id="sweep-run")
+            with gr.Row():
+                run = gr.Button("▶ Run sweep", variant="primary", elem_id="sweep-run")
+                stop = gr.Button(STOP_LABEL, variant="stop", elem_id="sweep-stop")
     status = gr.Markdown("Pick prompts and a grid, then press **Run sweep**.", elem_id="sweep-status", min_height=48)
     heatmap = gr.Plot(plots.empty_figure("Speed-up over τ × KMAX", "press Run sweep"), show_label=False,
                       elem_id="sweep-heatmap")
@@ -129,8 +137,9 @@ def build_sweep_tab(get_pair) -> None:
     state = gr.State({})
 
     def run_sweep(prompt_ids, static_text, tau_text, kmax_text, use_heuristic, use_oracle, max_new,
-                  progress=gr.Progress()):
+                  progress=gr.Progress(), request: gr.Request = None):
         start = time.perf_counter()
+        should_stop = stops.checker(request.session_hash if request is not None else None)
         try:
             specs = grid_specs(static_text, tau_text, kmax_text, use_heuristic, use_oracle)
             picked = [by_id[i] for i in (prompt_ids or []) if i in by_id]
@@ -142,7 +151,7 @@ def build_sweep_tab(get_pair) -> None:
             progress(0.0, desc="starting")
             last = None
             for update in sweep(pair, picked, specs, max_new, cache_dir(),
-                                on_progress=lambda f, msg: progress(f, desc=msg)):
+                                on_progress=lambda f, msg: progress(f, desc=msg), should_stop=should_stop):
                 last = update
                 path = Path(tempfile.mkdtemp(prefix="disco-sweep-")) / "sweep-runs.csv"
                 update.runs.to_csv(path, index=False)
@@ -156,7 +165,13 @@ def build_sweep_tab(get_pair) -> None:
                        gr.update(choices=[c for c in choices if c[1] in new_state["prompts"]],
                                  value=new_state["prompts"][0]),
                        str(path), new_state)
-            if last is None:
+            if should_stop() and (last is None or last.done < last.total):
+                kept = (f"the {last.done} completed prompt(s) above are kept (CSV included)" if last is not None
+                        else "no prompt was completed")
+                yield (f"■ **Stopped** after {time.perf_counter() - start:.1f} s: {kept}; press **Run sweep** to "
+                       "go on (completed prompts are cached and replay instantly).",
+                       gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+            elif last is None:
                 yield ("Nothing was replayed.", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
         except (BenchError, ValueError, RuntimeError) as exc:
             yield (f"⚠ {exc}", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
@@ -183,11 +198,28 @@ def build_sweep_tab(get_pair) -> None:
         return figure, view
 
     outputs = [status, heatmap, table, setting, detail_prompt, csv_file, state]
-    run_event = run.click(run_sweep, [prompts, static_ks, taus, kmaxes, heuristic, oracle, max_new_tokens], outputs,
-                          api_name="sweep", concurrency_id="compute", concurrency_limit=1, show_progress="full",
-                          show_progress_on=[status])
+    def arm(request: gr.Request):
+        stops.arm(request.session_hash)
+
+    def stop_sweep(request: gr.Request):
+        if stops.request(request.session_hash):
+            return gr.update(value="■ Stopping…", interactive=False)
+        return gr.skip()
+
+    def sweep_ended(request: gr.Request):
+        stops.done(request.session_hash)
+        return gr.update(value=STOP_LABEL, interactive=True)
+
+    # as on the Race tab: Run clears this session's stop request, Stop asks the sweep to end at its next
+    # progress report (the prompt in progress is dropped, completed ones are kept), the button comes back after
+    run_event = run.click(arm, None, None, queue=False, api_visibility="private").then(
+        run_sweep, [prompts, static_ks, taus, kmaxes, heuristic, oracle, max_new_tokens], outputs,
+        api_name="sweep", concurrency_id="compute", concurrency_limit=1, show_progress="full",
+        show_progress_on=[status])
+    run_event.then(sweep_ended, None, [stop], queue=False, api_visibility="private")
     run_event.then(show_detail, [setting, detail_prompt, state], [detail_plot, detail_table],
                    api_visibility="private", concurrency_id="compute")
+    stop.click(stop_sweep, None, [stop], queue=False, api_visibility="private")
     for widget in (setting, detail_prompt):
         widget.input(show_detail, [setting, detail_prompt, state], [detail_plot, detail_table],
                      api_visibility="private", concurrency_id="compute")

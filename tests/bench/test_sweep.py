@@ -1,0 +1,98 @@
+"""The Sweep tab's engine (``bench.sweep``) and its endpoint: growing results, exact replay, Stop."""
+
+from __future__ import annotations
+
+import socket
+
+import pandas as pd
+import pytest
+
+from disco import bench, sweep_tab
+from disco.race import run_all
+from disco.engine import DecodeSettings
+
+SPECS = ["static:2", "threshold:0.4:6", "oracle:6"]
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return bench.pick_prompts(bench.load_suite(), 2)
+
+
+def test_sweep_grows_one_prompt_at_a_time_and_matches_real_decoding(tiny_pair, prompts, tmp_path):
+    updates = list(bench.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path))
+    assert [u.done for u in updates] == [1, 2] and all(u.total == 2 for u in updates)
+    runs = updates[-1].runs
+    assert len(runs) == 2 * (1 + len(SPECS))  # the autoregressive baseline is always replayed
+    assert set(runs["strategy"]) == {"autoregressive", *SPECS}
+    assert runs["identical_to_autoregressive"].astype(bool).all()
+    summary = updates[-1].summary
+    assert set(summary["strategy"]) >= {"autoregressive", *SPECS}
+    # replay is exact: the passes it counts are the ones the engine makes on the same prompt
+    p = prompts[0]
+    real = run_all(tiny_pair, p.prompt, SPECS, DecodeSettings(max_new_tokens=MAX_NEW), chat=p.chat)
+    for d in real.decoders:
+        row = runs[(runs["prompt_id"] == p.id) & (runs["strategy"] == d.strategy)].iloc[0]
+        assert row["iterations"] == len(d.records) == row["target_passes"], d.strategy
+        assert row["new_tokens"] == len(d.output_ids), d.strategy
+
+
+@pytest.mark.parametrize("when", ["first", "second"])
+def test_stop_drops_the_prompt_in_progress_and_keeps_completed_ones(tiny_pair, prompts, tmp_path, when):
+    state = {"done": 0}
+
+    def should_stop():  # fires as soon as the chosen prompt has started
+        return state["done"] >= (0 if when == "first" else 1)
+
+    updates = []
+    for update in bench.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path, should_stop=should_stop):
+        updates.append(update)
+        state["done"] = update.done
+    expected = 0 if when == "first" else 1
+    assert len(updates) == expected
+    if updates:
+        assert set(updates[-1].runs["prompt_id"]) == {prompts[0].id}
+    # the dropped prompt left no table behind; a later sweep computes it afresh and completes
+    tables = [f for f in tmp_path.glob("*.json") if f.name.startswith(tuple(p.id for p in prompts))]
+    assert len(tables) == expected
+    again = list(bench.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path))
+    assert again[-1].done == 2
+
+
+def test_grid_text_is_checked():
+    assert sweep_tab.grid_specs("1, 3", "0.4", "20", heuristic=False, oracle=False) == \
+        ["autoregressive", "static:1", "static:3", "threshold:0.4:20"]
+    for bad in (("x", "0.4", "20"), ("1", "1.5", "20"), ("1", "", "20"), ("1", "0.4", "0")):
+        with pytest.raises(bench.BenchError):
+            sweep_tab.grid_specs(*bad, heuristic=False, oracle=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sweep_endpoint_returns_the_heatmap_table_and_csv(prompts, tmp_path, monkeypatch):
+    from gradio_client import Client
+
+    import app
+
+    monkeypatch.setenv("DISCO_REPLAY_CACHE", str(tmp_path))
+    demo = app.build_demo("tiny")
+    port = _free_port()
+    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port,
+                                                   prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        result = client.predict([p.id for p in prompts], "1,3", "0.3,0.6", "4,8", True, False, 16, api_name="/sweep")
+        bad = client.predict([p.id for p in prompts], "1", "2.0", "4", False, False, 16, api_name="/sweep")
+    finally:
+        demo.close()
+    status, csv_path = result[0], result[5]
+    assert "2/2 prompts replayed" in status
+    runs = pd.read_csv(csv_path)
+    assert set(runs["prompt_id"]) == {p.id for p in prompts}
+    assert {"static:1", "static:3", "heuristic:5", "threshold:0.3:4", "threshold:0.6:8"} <= set(runs["strategy"])
+    assert "⚠" in bad[0] and "outside" in bad[0]
