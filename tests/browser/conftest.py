@@ -20,10 +20,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def app_url():
+def app_url(tmp_path_factory):
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
     import app
+
+    # the Sweep tab caches replay tables between sessions: start from an empty cache so every run computes
+    old_cache = os.environ.get("DISCO_REPLAY_CACHE")
+    os.environ["DISCO_REPLAY_CACHE"] = str(tmp_path_factory.mktemp("replay-cache"))
 
     demo = app.build_demo("tiny")
     port = _free_port()
@@ -33,6 +37,10 @@ def app_url():
         yield f"http://127.0.0.1:{port}/"
     finally:
         demo.close()
+        if old_cache is None:
+            os.environ.pop("DISCO_REPLAY_CACHE", None)
+        else:
+            os.environ["DISCO_REPLAY_CACHE"] = old_cache
 
 
 @pytest.fixture(scope="session")

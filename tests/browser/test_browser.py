@@ -111,3 +111,29 @@ def test_empty_prompt_shows_an_error(page):
     page.click("#run")
     page.get_by_text("the prompt is empty").first.wait_for(timeout=RUN_TIMEOUT_MS)
     assert page.locator("#run").is_enabled()
+
+
+def test_sweep_tab_fills_the_heatmap_and_stops(page):
+    page.get_by_role("tab", name="Sweep").click()
+    page.locator("#sweep-static textarea, #sweep-static input").first.fill("1,3")
+    page.locator("#sweep-taus textarea, #sweep-taus input").first.fill("0.3,0.6")
+    page.locator("#sweep-kmaxes textarea, #sweep-kmaxes input").first.fill("4,8")
+    set_slider(page, "sweep-max-new-tokens", 16)
+    page.click("#sweep-run")
+    page.wait_for_selector("#sweep-status:has-text('prompts replayed')", timeout=RUN_TIMEOUT_MS)
+    page.wait_for_selector("#sweep-heatmap .js-plotly-plot g.trace", timeout=RUN_TIMEOUT_MS)
+    page.wait_for_selector("#sweep-stop:not([disabled])")
+
+    # every prompt of the suite at 256 tokens: long enough to press Stop while it runs (the tiny pair often
+    # reaches EOS early, so a few prompts can be over in a second or two)
+    boxes = page.locator("#sweep-prompts input[type=checkbox]")
+    for i in range(boxes.count()):
+        boxes.nth(i).check()
+    set_slider(page, "sweep-max-new-tokens", 256)
+    page.click("#sweep-run")
+    page.wait_for_selector("#sweep-status:has-text('prompt 2/')", timeout=RUN_TIMEOUT_MS)
+    page.click("#sweep-stop")
+    page.wait_for_selector("#sweep-status:has-text('Stopped')", timeout=RUN_TIMEOUT_MS)
+    assert "completed prompt" in page.locator("#sweep-status").inner_text()
+    page.wait_for_selector("#sweep-stop:not([disabled]):has-text('Stop')")
+    assert page.locator("#sweep-run").is_enabled()
