@@ -107,8 +107,8 @@ def build_demo(models: str | None = None) -> gr.Blocks:
         outputs = [run_status, lanes, race_plot, lookahead_plot, latency_plot, confidence_plot, summary,
                    iterations_csv, tokens_csv]
         # Run first clears this session's stop request (unqueued), then queues the race, then restores the Stop
-        # button (whether the race ended, stopped or failed). Stop asks the race to end after the iteration in
-        # flight; the race itself then shows "Stopped" and hands over the partial trace.
+        # button (whether the race ended, stopped or failed). Stop asks the race to end at its next transformer
+        # layer, dropping the unfinished iteration; the race itself then shows "Stopped" with the partial trace.
         run.click(arm, None, None, queue=False, api_visibility="private").then(
             compare, inputs, outputs, api_name="compare", concurrency_id="compute", concurrency_limit=1,
             show_progress="full", show_progress_on=[run_status]).then(

@@ -65,7 +65,8 @@ class DecodeSettings:
 
 # Stop inside a forward pass: a pre-hook on every transformer layer polls the interrupt of the pass running in
 # this thread (none outside Decoder passes, so other users of the same model never see it). A CPU verify pass
-# can take seconds; with the hooks Stop waits for one layer. Cost: a thread-local lookup per layer (~0.1 us).
+# can take seconds; with the hooks Stop waits for one layer. Cost: measured 0.36 us per layer call,
+# ~10 us on a 290 ms pass of the embedded target.
 _PASS = threading.local()
 
 
