@@ -1,8 +1,11 @@
-"""Shared fixtures: the tiny pair (built once per session) and a very small pair for statistics."""
+"""Shared fixtures: the tiny pair (built once per session), a very small pair for statistics, and a way to
+serve the app on a free local port."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 
 import pytest
 import torch
@@ -69,3 +72,24 @@ def make_small_pair(vocab: int = 4, seed: int = 0, sharpness: float = 0.5, noise
 @pytest.fixture(scope="session")
 def small_pair():
     return make_small_pair()
+
+
+@contextlib.contextmanager
+def _serve(demo, **launch_kwargs):
+    """Launch ``demo`` in this process on a free local port, one run at a time as ``app.py`` queues it;
+    yield its URL; close it afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port,
+                                                   prevent_thread_lock=True, quiet=True, **launch_kwargs)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="session")
+def serve_app():
+    """``with serve_app(demo) as url: ...``"""
+    return _serve

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import pandas as pd
 import pytest
 from gradio_client import Client
@@ -11,23 +9,11 @@ from gradio_client import Client
 import app
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def client(monkeypatch_module):
+def client(monkeypatch_module, serve_app):
     monkeypatch_module.setenv("DISCO_MODELS", "tiny")
-    demo = app.build_demo()
-    port = _free_port()
-    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port,
-                                                   prevent_thread_lock=True, quiet=True)
-    try:
-        yield Client(f"http://127.0.0.1:{port}/", verbose=False)
-    finally:
-        demo.close()
+    with serve_app(app.build_demo()) as url:
+        yield Client(url, verbose=False)
 
 
 @pytest.fixture(scope="module")

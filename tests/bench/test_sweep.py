@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-
 import pandas as pd
 import pytest
 
 from disco import bench, sweep_tab
-from disco.race import run_all
 from disco.engine import DecodeSettings
+from disco.race import run_all
 
 SPECS = ["static:2", "threshold:0.4:6", "oracle:6"]
 MAX_NEW = 12
@@ -68,28 +66,16 @@ def test_grid_text_is_checked():
             sweep_tab.grid_specs(*bad, heuristic=False, oracle=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_sweep_endpoint_returns_the_heatmap_table_and_csv(prompts, tmp_path, monkeypatch):
+def test_sweep_endpoint_returns_the_heatmap_table_and_csv(prompts, tmp_path, monkeypatch, serve_app):
     from gradio_client import Client
 
     import app
 
     monkeypatch.setenv("DISCO_REPLAY_CACHE", str(tmp_path))
-    demo = app.build_demo("tiny")
-    port = _free_port()
-    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port,
-                                                   prevent_thread_lock=True, quiet=True)
-    try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+    with serve_app(app.build_demo("tiny")) as url:
+        client = Client(url, verbose=False)
         result = client.predict([p.id for p in prompts], "1,3", "0.3,0.6", "4,8", True, False, 16, api_name="/sweep")
         bad = client.predict([p.id for p in prompts], "1", "2.0", "4", False, False, 16, api_name="/sweep")
-    finally:
-        demo.close()
     status, csv_path = result[0], result[5]
     assert "2/2 prompts replayed" in status
     runs = pd.read_csv(csv_path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
@@ -13,34 +12,17 @@ CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic"
 VIEWPORT = {"width": 1600, "height": 1000}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
-def app_url(tmp_path_factory):
+def app_url(tmp_path_factory, serve_app):
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
     import app
 
     # the Sweep tab caches replay tables between sessions: start from an empty cache so every run computes
-    old_cache = os.environ.get("DISCO_REPLAY_CACHE")
-    os.environ["DISCO_REPLAY_CACHE"] = str(tmp_path_factory.mktemp("replay-cache"))
-
-    demo = app.build_demo("tiny")
-    port = _free_port()
-    demo.queue(default_concurrency_limit=1).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-                                                   quiet=True, **app.launch_kwargs())
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
-        if old_cache is None:
-            os.environ.pop("DISCO_REPLAY_CACHE", None)
-        else:
-            os.environ["DISCO_REPLAY_CACHE"] = old_cache
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DISCO_REPLAY_CACHE", str(tmp_path_factory.mktemp("replay-cache")))
+        with serve_app(app.build_demo("tiny"), **app.launch_kwargs()) as url:
+            yield url
 
 
 @pytest.fixture(scope="session")
