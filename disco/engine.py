@@ -204,24 +204,21 @@ class Decoder:
     def _forward(self, model, cache, tokens: list[int], keep: int) -> tuple[torch.Tensor, float]:
         """Run ``tokens`` through ``model`` on top of ``cache``; return the last ``keep`` logits rows and ms."""
         x = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        _sync(self.device)
-        start = time.perf_counter()
-        _PASS.interrupt = self._interrupt
+        _PASS.interrupt = self._interrupt  # polled by the layer hooks during the pass
         try:
+            if self._interrupt is not None and self._interrupt():  # and once before it (unhooked models too)
+                raise Interrupted(self.strategy)
+            _sync(self.device)
+            start = time.perf_counter()
             out = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=keep)
         except Interrupted:
-            self.interrupted = True  # the cache holds half a pass now: this decoder is spent
+            self.interrupted = True  # the caches may hold unverified drafts or half a pass: this decoder is spent
             raise
         finally:
             _PASS.interrupt = None
         logits = out.logits[0, -keep:].float()
         _sync(self.device)
         return logits, (time.perf_counter() - start) * 1000.0
-
-    def _check(self, interrupt) -> None:
-        if interrupt is not None and interrupt():
-            self.interrupted = True  # the caches may hold unverified drafts now: this decoder is spent
-            raise Interrupted(self.strategy)
 
     def _pick(self, probs: torch.Tensor) -> int:
         if self.settings.sample:
@@ -240,11 +237,11 @@ class Decoder:
             raise RuntimeError(f"step() called on a {'finished' if self.done else 'interrupted'} decoder")
         self._interrupt = interrupt
         try:
-            return self._step(interrupt)
+            return self._step()
         finally:
             self._interrupt = None
 
-    def _step(self, interrupt) -> IterationRecord:
+    def _step(self) -> IterationRecord:
         policy, settings = self.policy, self.settings
         _sync(self.device)
         t0 = time.perf_counter()
@@ -264,7 +261,6 @@ class Decoder:
         if policy.uses_assistant:
             stop = STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD
             for j in range(budget):
-                self._check(interrupt)
                 feed = self.ids[self.a_len:] if j == 0 else [drafts[-1]]
                 logits, ms = self._forward(self.pair.assistant, self.a_cache, feed, 1)
                 self.a_len += len(feed)
@@ -289,7 +285,6 @@ class Decoder:
         t1 = time.perf_counter()
 
         # 2. verify: one target pass over [everything the target has not seen] + drafts
-        self._check(interrupt)
         feed = self.ids[self.t_len:] + drafts
         logits, ms = self._forward(self.pair.target, self.t_cache, feed, len(drafts) + 1)
         self.t_len += len(feed)
