@@ -13,7 +13,6 @@ import gradio as gr
 from disco import plots, ui
 
 THEME = gr.themes.Soft(primary_hue="orange", neutral_hue="slate")
-STOP_LABEL = "■ Stop"
 PAGE_CSS = ".gradio-container { max-width: 1600px !important; } #disco-status p { margin: 0; }"
 
 
@@ -25,21 +24,8 @@ def build_demo(models: str | None = None) -> gr.Blocks:
     def compare(prompt, lane_a=d.lane_a, lane_b=d.lane_b, k=d.k, threshold=d.threshold, max_lookahead=d.max_lookahead,
                 max_new_tokens=d.max_new_tokens, baseline=d.baseline, chat=d.chat, sample=d.sample,
                 temperature=d.temperature, top_p=d.top_p, seed=d.seed, request: gr.Request = None):
-        session = request.session_hash if request is not None else None
         yield from ui.compare(loader.get, prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens,
-                              baseline, chat, sample, temperature, top_p, seed, should_stop=stops.checker(session))
-
-    def arm(request: gr.Request):
-        stops.arm(request.session_hash)
-
-    def stop_run(request: gr.Request):
-        if stops.request(request.session_hash):  # a run is queued or going: say so until it has ended
-            return gr.update(value="■ Stopping…", interactive=False)
-        return gr.skip()
-
-    def run_ended(request: gr.Request):
-        stops.done(request.session_hash)
-        return gr.update(value=STOP_LABEL, interactive=True)
+                              baseline, chat, sample, temperature, top_p, seed, should_stop=stops.for_request(request))
 
     with gr.Blocks(title="DISCO Lab: dynamic speculation lookahead") as demo:
         gr.Markdown("# DISCO Lab\nSpeculative decoding with a **static** and a **dynamic** (confidence-thresholded) "
@@ -78,7 +64,7 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                             seed = gr.Number(value=d.seed, precision=0, label="Seed", minimum=0)
                     with gr.Row():
                         run = gr.Button("▶ Run", variant="primary", elem_id="run")
-                        stop = gr.Button(STOP_LABEL, variant="stop", elem_id="stop")
+                        stop = gr.Button(ui.STOP_LABEL, variant="stop", elem_id="stop")
             run_status = gr.Markdown("Ready: press **Run**.", elem_id="run-status", min_height=48)
             lanes = gr.HTML(ui.empty_lanes_html(), css_template=ui.LANES_CSS, js_on_load=None, elem_id="lanes")
             with gr.Row():
@@ -106,14 +92,10 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                   temperature, top_p, seed]
         outputs = [run_status, lanes, race_plot, lookahead_plot, latency_plot, confidence_plot, summary,
                    iterations_csv, tokens_csv]
-        # Run first clears this session's stop request (unqueued), then queues the race, then restores the Stop
-        # button (whether the race ended, stopped or failed). Stop asks the race to end at its next transformer
-        # layer, dropping the unfinished iteration; the race itself then shows "Stopped" with the partial trace.
-        run.click(arm, None, None, queue=False, api_visibility="private").then(
-            compare, inputs, outputs, api_name="compare", concurrency_id="compute", concurrency_limit=1,
-            show_progress="full", show_progress_on=[run_status]).then(
-            run_ended, None, [stop], queue=False, api_visibility="private")
-        stop.click(stop_run, None, [stop], queue=False, api_visibility="private")
+        # Stop ends the race at its next transformer layer, dropping the unfinished iteration; the race itself
+        # then shows "Stopped" with the partial trace (see ui.StopSignals)
+        stops.wire(run, stop, compare, inputs, outputs, api_name="compare", concurrency_id="compute",
+                   concurrency_limit=1, show_progress="full", show_progress_on=[run_status])
         demo.load(loader.status_stream, outputs=[model_status], concurrency_limit=None, api_visibility="private",
                   show_progress="hidden")
     return demo

@@ -83,12 +83,9 @@ def _status(summary: pd.DataFrame, done: int, total: int, seconds: float) -> str
             f"(per-pass costs measured on this machine).")
 
 
-STOP_LABEL = "■ Stop"
-
-
 def build_sweep_tab(get_pair) -> None:
     """Create the Sweep tab's widgets and events (call inside an open ``gr.Tab``)."""
-    from disco.ui import StopSignals
+    from disco.ui import STOP_LABEL, StopSignals
 
     stops = StopSignals()
     try:
@@ -139,7 +136,7 @@ def build_sweep_tab(get_pair) -> None:
     def run_sweep(prompt_ids, static_text, tau_text, kmax_text, use_heuristic, use_oracle, max_new,
                   progress=gr.Progress(), request: gr.Request = None):
         start = time.perf_counter()
-        should_stop = stops.checker(request.session_hash if request is not None else None)
+        should_stop = stops.for_request(request)
         try:
             specs = grid_specs(static_text, tau_text, kmax_text, use_heuristic, use_oracle)
             picked = [by_id[i] for i in (prompt_ids or []) if i in by_id]
@@ -198,28 +195,13 @@ def build_sweep_tab(get_pair) -> None:
         return figure, view
 
     outputs = [status, heatmap, table, setting, detail_prompt, csv_file, state]
-    def arm(request: gr.Request):
-        stops.arm(request.session_hash)
-
-    def stop_sweep(request: gr.Request):
-        if stops.request(request.session_hash):
-            return gr.update(value="■ Stopping…", interactive=False)
-        return gr.skip()
-
-    def sweep_ended(request: gr.Request):
-        stops.done(request.session_hash)
-        return gr.update(value=STOP_LABEL, interactive=True)
-
-    # as on the Race tab: Run clears this session's stop request, Stop asks the sweep to end at its next
-    # progress report (the prompt in progress is dropped, completed ones are kept), the button comes back after
-    run_event = run.click(arm, None, None, queue=False, api_visibility="private").then(
-        run_sweep, [prompts, static_ks, taus, kmaxes, heuristic, oracle, max_new_tokens], outputs,
-        api_name="sweep", concurrency_id="compute", concurrency_limit=1, show_progress="full",
-        show_progress_on=[status])
-    run_event.then(sweep_ended, None, [stop], queue=False, api_visibility="private")
+    # Stop asks the sweep to end at its next progress report: the prompt in progress is dropped, completed
+    # ones are kept (see ui.StopSignals)
+    run_event = stops.wire(run, stop, run_sweep, [prompts, static_ks, taus, kmaxes, heuristic, oracle, max_new_tokens],
+                           outputs, api_name="sweep", concurrency_id="compute", concurrency_limit=1,
+                           show_progress="full", show_progress_on=[status])
     run_event.then(show_detail, [setting, detail_prompt, state], [detail_plot, detail_table],
                    api_visibility="private", concurrency_id="compute")
-    stop.click(stop_sweep, None, [stop], queue=False, api_visibility="private")
     for widget in (setting, detail_prompt):
         widget.input(show_detail, [setting, detail_prompt, state], [detail_plot, detail_table],
                      api_visibility="private", concurrency_id="compute")

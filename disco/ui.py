@@ -368,6 +368,9 @@ def write_csvs(snapshot, directory: Path | None = None) -> tuple[str, str]:
 # the run
 
 
+STOP_LABEL = "■ Stop"
+
+
 class StopSignals:
     """Stop requests, one per browser session, that a running race reads between iterations.
 
@@ -407,14 +410,35 @@ class StopSignals:
     def checker(self, session: str | None) -> Callable[[], bool]:
         return self._event(session).is_set
 
+    def for_request(self, request: gr.Request | None) -> Callable[[], bool]:
+        """The stop check of the session behind ``request`` (an API call without one gets a slot of its own)."""
+        return self.checker(request.session_hash if request is not None else None)
 
-def _progress(snapshot) -> str:
-    by = {s["strategy"]: s for s in snapshot.summaries()}
-    return " · ".join(f"`{s}` {by[s]['new_tokens']}/{snapshot.settings.max_new_tokens}" for s in snapshot.strategies)
+    def wire(self, run: gr.Button, stop: gr.Button, fn, inputs, outputs, **event):
+        """Connect a Run/Stop pair: Run arms this session's signal (unqueued), then queues ``fn`` (which polls
+        ``for_request``) with ``event``'s options, then restores the Stop button whether ``fn`` ended, stopped
+        or failed; Stop asks ``fn`` to end and says "Stopping…" until it has. Returns ``fn``'s event."""
+
+        def arm(request: gr.Request):
+            self.arm(request.session_hash)
+
+        def ask(request: gr.Request):
+            if self.request(request.session_hash):  # a run is queued or going: say so until it has ended
+                return gr.update(value="■ Stopping…", interactive=False)
+            return gr.skip()
+
+        def ended(request: gr.Request):
+            self.done(request.session_hash)
+            return gr.update(value=STOP_LABEL, interactive=True)
+
+        private = dict(queue=False, api_visibility="private")
+        run_event = run.click(arm, None, None, **private).then(fn, inputs, outputs, **event)
+        run_event.then(ended, None, [stop], **private)
+        stop.click(ask, None, [stop], **private)
+        return run_event
 
 
-def _status(snapshot, wall: float, final: bool, notes: list[str], stopped: bool = False) -> str:
-    summaries = snapshot.summaries()
+def _status(snapshot, summaries: list[dict], wall: float, final: bool, notes: list[str], stopped: bool = False) -> str:
     by = {s["strategy"]: s for s in summaries}
     meta = snapshot.meta
     mode = "greedy" if not snapshot.settings.sample else (
@@ -422,11 +446,12 @@ def _status(snapshot, wall: float, final: bool, notes: list[str], stopped: bool 
         f"seed={snapshot.settings.seed}")
     where = f"{meta.get('models', '?')} · {meta.get('dtype', '?')} on {meta.get('device', '?')} · " \
             f"prompt {meta.get('prompt_tokens', '?')} tokens · {mode}"
+    progress = " · ".join(f"`{s}` {by[s]['new_tokens']}/{snapshot.settings.max_new_tokens}" for s in snapshot.strategies)
     if stopped:
-        return (f"■ **Stopped** after {wall:.1f} s · {_progress(snapshot)} · the partial trace is in the CSV files "
-                f"below; press **Run** to start again  \n<small>{where}</small>")
+        return (f"■ **Stopped** after {wall:.1f} s · {progress} · the partial trace is in the CSV files below; press "
+                f"**Run** to start again  \n<small>{where}</small>")
     if not final:
-        return f"● **Running** ({wall:.1f} s) · {_progress(snapshot)}  \n<small>{where}</small>"
+        return f"● **Running** ({wall:.1f} s) · {progress}  \n<small>{where}</small>"
     parts = []
     base = by.get(AUTOREGRESSIVE)
     for s in snapshot.strategies:
@@ -458,7 +483,7 @@ def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None,
     strategies = snapshot.strategies
     figs = plots.all_figures(frame, strategies) if figures or final else (gr.skip(),) * 4
     return (
-        _status(snapshot, wall, final, notes, stopped),
+        _status(snapshot, summaries, wall, final, notes, stopped),
         lanes_html(strategies, snapshot.tokens(), summaries, decode),
         *figs,
         summary_frame(summaries),
