@@ -342,6 +342,7 @@ class Decoder:
             draft_ms=(t1 - t0) * 1000.0, verify_ms=(t2 - t1) * 1000.0, iteration_ms=iteration_ms,
             elapsed_ms=self.elapsed_ms, new_tokens=len(self.ids) - self.prompt_len, target_tokens=len(feed),
             draft_calls=draft_calls, forward_ms=forward_ms, confidences=confidences,
+            assistant_precision=self.pair.assistant_precision if policy.uses_assistant else "none",
         )
         self.records.append(record)
         return record

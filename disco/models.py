@@ -10,6 +10,7 @@ Pairs are loaded once per process and shared (``load_pair`` caches them).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import string
 import threading
@@ -41,7 +42,10 @@ class ModelPair:
     context_length: int
     eos_ids: tuple[int, ...]
     load_seconds: float = 0.0
-    _warm: bool = field(default=False, repr=False)
+    assistant_precision: str = "model"  # which assistant this view drafts with (disco.precision)
+    calibration: object = field(default=None, repr=False)  # disco.calibration.Calibration that chose the dtype
+    # shared by every view of one loaded pair: the assistant variants, and which models are warm
+    _shared: dict = field(default_factory=lambda: {"views": {}, "warm": set(), "lock": threading.Lock()}, repr=False)
 
     @property
     def dtype_name(self) -> str:
@@ -53,7 +57,23 @@ class ModelPair:
 
     def describe(self) -> dict:
         return {"models": self.name, "target": self.target_id, "assistant": self.assistant_id,
-                "dtype": self.dtype_name, "device": self.device_name}
+                "dtype": self.dtype_name, "device": self.device_name, "assistant_precision": self.assistant_precision}
+
+    def with_assistant(self, precision: str) -> "ModelPair":
+        """This pair with the assistant in ``precision`` (``model`` or ``int8``): a view sharing the target and
+        tokenizer. The int8 variant is quantized once, on first use, and kept for every later view."""
+        from disco import precision as prec
+
+        name = prec.check(precision, self.device)
+        views = self._shared["views"]
+        with self._shared["lock"]:
+            if not views:
+                views[self.assistant_precision] = self
+            if name not in views:
+                base = views[prec.MODEL]
+                assistant = prec.quantize_int8(base.assistant) if name == prec.INT8 else base.assistant
+                views[name] = dataclasses.replace(base, assistant=assistant, assistant_precision=name)
+            return views[name]
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
         """Token ids of a prompt, through the target's chat template when ``chat``."""
@@ -77,53 +97,19 @@ class ModelPair:
 
     def warmup(self) -> None:
         """One small forward per model, once per process, so no timed run pays for lazy initialisation."""
-        if self._warm:
+        warm = self._shared["warm"]
+        todo = [m for m in (self.target, self.assistant) if id(m) not in warm]
+        if not todo:
             return
         ids = torch.tensor([[self.eos_ids[0]] * 8], device=self.device)
         with torch.inference_mode():
-            for model in (self.target, self.assistant):
+            for model in todo:
                 model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        self._warm = True
+                warm.add(id(model))
 
 
 # ----------------------------------------------------------------------------------------------
 # dtype and device
-
-
-def cpu_has_bf16_flags() -> bool:
-    """AVX512-BF16 or AMX: bf16 matmuls run natively (elsewhere oneDNN may emulate them)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(flag in flags for flag in ("avx512_bf16", "amx_bf16"))
-
-
-_BF16_PROBE: bool | None = None
-
-
-def cpu_bf16_is_faster(rows: int = 4096, cols: int = 2048, reps: int = 6) -> bool:
-    """A quick matmul probe (~0.2 s, once per process): is a decode-shaped bf16 matmul clearly faster here?
-
-    Decoding one token is a chain of matrix-vector products bounded by memory traffic, which bf16
-    halves; whether that wins depends on the CPU's bf16 kernels, so measure instead of guessing.
-    Interleaved minimum times keep a busy machine from biasing one side.
-    """
-    global _BF16_PROBE
-    if _BF16_PROBE is None:
-        gen = torch.Generator().manual_seed(0)
-        w32 = torch.randn(rows, cols, generator=gen)
-        x32 = torch.randn(4, cols, generator=gen)
-        pairs = {torch.float32: (w32, x32), torch.bfloat16: (w32.bfloat16(), x32.bfloat16())}
-        best = {dt: float("inf") for dt in pairs}
-        with torch.inference_mode():
-            for _ in range(reps):
-                for dt, (w, x) in pairs.items():
-                    start = time.perf_counter()
-                    torch.nn.functional.linear(x, w)
-                    best[dt] = min(best[dt], time.perf_counter() - start)
-        _BF16_PROBE = best[torch.bfloat16] < 0.85 * best[torch.float32]
-    return _BF16_PROBE
 
 
 def resolve_device(device: str) -> torch.device:
@@ -137,10 +123,9 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """An explicit dtype name; ``auto`` here is bf16 (CUDA, and the first candidate a CPU calibration loads)."""
     if dtype == "auto":
-        if device.type == "cuda" or cpu_has_bf16_flags() or cpu_bf16_is_faster():
-            return torch.bfloat16
-        return torch.float32
+        return torch.bfloat16
     table = {"bf16": torch.bfloat16, "fp32": torch.float32}
     if dtype not in table:
         raise ModelLoadError(f"unknown dtype {dtype!r}: use auto, bf16 or fp32")
@@ -351,27 +336,76 @@ def parse_models_spec(spec: str) -> tuple[str, str] | None:
 
 def load_pair(spec: str = EMBEDDED, dtype: str = "auto", device: str = "auto", progress: bool = True,
               log=print) -> ModelPair:
-    """Load (once per process) the pair named by ``spec``; ``log`` receives one-line progress messages."""
+    """Load (once per process) the pair named by ``spec``; ``log`` receives one-line progress messages.
+
+    ``dtype="auto"`` on a CPU is decided by measurement (``disco.calibration``): the cached decision for this
+    machine and pair, or a calibration of the loaded models (~20-40 s once; then cached). The tiny pair is fp32.
+    """
+    from disco import calibration
+
     dev = resolve_device(device)
-    # the tiny models are defined in fp32; bf16 would only make them noisier
-    dt = torch.float32 if spec == TINY and dtype == "auto" else resolve_dtype(dtype, dev)
+    spec = spec.strip()
     folders = parse_models_spec(spec)
-    key = (spec.strip(), dt, str(dev))
+    if spec == TINY:  # the tiny models are defined in fp32; bf16 would only make them noisier
+        return _load_once(spec, folders, torch.float32 if dtype == "auto" else resolve_dtype(dtype, dev), dev,
+                          progress, log)
+    if dtype != "auto" or dev.type != "cpu":
+        pair = _load_once(spec, folders, resolve_dtype(dtype, dev), dev, progress, log)
+        if pair.calibration is None and dev.type == "cpu":
+            pair.calibration = calibration.load_cached(spec, dev)
+        return pair
+    cal = calibration.load_cached(spec, dev)
+    if cal is None:
+        pair = _load_once(spec, folders, torch.bfloat16, dev, progress, log)
+        log(f"calibrating dtype and assistant precision on this machine (once; cached in {calibration.cache_dir()}) ...")
+        cal = calibration.calibrate(pair, spec, log=log)
+        calibration.save(cal)
+        if cal.dtype != "bf16":  # reload rather than cast, so an fp32 checkpoint keeps its own weights
+            with _LOCK:
+                _PAIRS.pop((spec, torch.bfloat16, str(dev)), None)
+    else:
+        log(f"numerics from the cached calibration ({cal.measured_at}): {cal.summary()}")
+    pair = _load_once(spec, folders, calibration.DTYPES[cal.dtype], dev, progress, log)
+    pair.calibration = cal
+    return pair
+
+
+def resolve_assistant(pair: ModelPair, choice: str = "auto", log=None) -> ModelPair:
+    """The pair with its default assistant: ``model``, ``int8``, or ``auto`` (the calibration's choice on a CPU;
+    ``model`` on CUDA and for the tiny pair, whose timings mean nothing)."""
+    from disco import calibration, precision as prec
+
+    name = prec.check(choice, pair.device, allow_auto=True)
+    if name == prec.AUTO:
+        if pair.device.type != "cpu" or pair.name == TINY:
+            name = prec.MODEL
+        else:
+            if pair.calibration is None:
+                pair.calibration = calibration.load_cached(pair.name, pair.device)
+            if pair.calibration is None:
+                cal = calibration.calibrate(pair, pair.name, candidates=(pair.dtype_name,), log=log)
+                pair.calibration = cal
+            name = pair.calibration.assistant_precision
+    return pair.with_assistant(name)
+
+
+def _load_once(spec: str, folders, dt: torch.dtype, dev: torch.device, progress: bool, log) -> ModelPair:
+    key = (spec, dt, str(dev))
     with _LOCK:
         if key in _PAIRS:
             return _PAIRS[key]
         start = time.perf_counter()
-        if spec.strip() == TINY:
+        if spec == TINY:
             # Tiny models gain nothing from intra-op threads, and on a busy 2-core machine two threads
             # thrash (measured 170 ms vs 8 ms per forward). This is process-wide, like the pair cache.
             torch.set_num_threads(1)
             pair = _load_tiny(dt, dev)
-        elif spec.strip() == EMBEDDED:
+        elif spec == EMBEDDED:
             pair = _load_embedded(dt, dev, progress, log)
         else:
-            pair = _load_folders(spec.strip(), folders[0], folders[1], dt, dev)
+            pair = _load_folders(spec, folders[0], folders[1], dt, dev)
         pair.load_seconds = time.perf_counter() - start
-        if spec.strip() != TINY:
+        if spec != TINY:
             log(f"models loaded in {pair.load_seconds:.1f} s ({pair.dtype_name}, {pair.device_name})")
         _PAIRS[key] = pair
         return pair

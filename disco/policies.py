@@ -7,7 +7,9 @@ A policy answers three questions for the engine and nothing else:
 Each one is a small class, so a new drafting rule is one more class plus a line in ``parse_strategy``.
 
 Strategy specs (the CLI's ``--strategy`` and the trace's ``strategy`` column) are kept verbatim:
-``autoregressive``, ``static:K``, ``heuristic:K``, ``threshold:TAU[:KMAX]``, ``oracle[:KMAX]``.
+``autoregressive``, ``static:K``, ``heuristic:K``, ``threshold:TAU[:KMAX]``, ``oracle[:KMAX]``, each optionally
+followed by ``@model`` or ``@int8``: the assistant precision that lane drafts with (``disco.precision``; without
+a suffix the lane uses the run's default assistant).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Policy:
     kind = "autoregressive"
     uses_assistant = False
     greedy_only = False
+    assistant_precision: str | None = None  # from a ``@model`` / ``@int8`` suffix; None = the run's default
 
     def __init__(self, spec: str):
         self.spec = spec
@@ -141,10 +144,34 @@ def _tau(text: str, spec: str) -> float:
     return value
 
 
+ASSISTANT_SUFFIXES = ("model", "int8")
+
+
+def split_precision(spec: str) -> tuple[str, str | None]:
+    """``static:5@int8`` -> (``static:5``, ``int8``); no suffix -> (spec, None)."""
+    base, sep, suffix = spec.strip().partition("@")
+    if not sep:
+        return base, None
+    suffix = suffix.strip().lower()
+    if suffix not in ASSISTANT_SUFFIXES:
+        raise StrategyError(f"strategy {spec!r}: unknown assistant precision {suffix!r} after '@' "
+                            f"(use {' or '.join('@' + s for s in ASSISTANT_SUFFIXES)})")
+    return base.strip(), suffix
+
+
 def parse_strategy(spec: str) -> Policy:
     """Build a fresh policy from its spec. Raises StrategyError with a one-line message."""
     spec = spec.strip()
-    name, *args = spec.split(":")
+    base, precision = split_precision(spec)
+    policy = _parse_base(base, spec)
+    if precision is not None and not policy.uses_assistant:
+        raise StrategyError(f"strategy {spec!r}: {policy.kind} uses no assistant, so it takes no '@{precision}'")
+    policy.assistant_precision = precision
+    return policy
+
+
+def _parse_base(base: str, spec: str) -> Policy:
+    name, *args = base.split(":")
     if name == "autoregressive" and not args:
         return Policy(spec)
     if name in ("static", "heuristic") and len(args) == 1:
@@ -158,7 +185,8 @@ def parse_strategy(spec: str) -> Policy:
         k = _int(args[0], "KMAX", spec) if args else DEFAULT_MAX_LOOKAHEAD
         return Oracle(spec, k)
     raise StrategyError(
-        f"unknown strategy {spec!r}: use autoregressive, static:K, heuristic:K, threshold:TAU[:KMAX] or oracle[:KMAX]"
+        f"unknown strategy {spec!r}: use autoregressive, static:K, heuristic:K, threshold:TAU[:KMAX] or oracle[:KMAX] "
+        "(optionally @model or @int8 for the assistant's precision)"
     )
 
 

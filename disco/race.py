@@ -65,6 +65,18 @@ def build_policies(specs: list[str]) -> list[Policy]:
     return [parse_strategy(s) for s in specs]
 
 
+def lane_pair(pair, policy: Policy):
+    """The pair view a lane decodes with: its ``@precision`` assistant, or the pair's own default."""
+    if not policy.uses_assistant or policy.assistant_precision in (None, pair.assistant_precision):
+        return pair
+    from disco.precision import PrecisionError
+
+    try:
+        return pair.with_assistant(policy.assistant_precision)
+    except PrecisionError as exc:
+        raise InputError(f"strategy {policy.spec!r}: {exc}") from None
+
+
 @dataclass
 class Snapshot:
     """The state of every lane after one step of the race."""
@@ -109,6 +121,7 @@ class Snapshot:
             row["text"] = d.text
             row["done"] = d.done
             row["finish_reason"] = d.finish_reason
+            row["assistant_precision"] = d.pair.assistant_precision if d.policy.uses_assistant else "none"
             row["speedup"] = (base_seconds / row["seconds"]) if base_seconds and d.done and row["seconds"] > 0 else math.nan
             if self.settings.sample or base is None or not (base.done and d.done):
                 row["identical_to_autoregressive"] = None  # only meaningful for finished greedy runs
@@ -138,12 +151,16 @@ def race(pair, prompt: str, strategies: list[str], settings: DecodeSettings, cha
     settings.validate()
     policies = build_policies(list(strategies))
     prompt_ids = encode_prompt(pair, prompt, chat, settings.max_new_tokens)
-    decoders = [Decoder(pair, prompt_ids, policy, settings) for policy in policies]  # validates policy x settings
-    pair.warmup()
+    # each lane drafts with the assistant its spec names (``@int8``), else with the pair's own
+    lanes = [lane_pair(pair, policy) for policy in policies]
+    decoders = [Decoder(p, prompt_ids, policy, settings) for p, policy in zip(lanes, policies)]  # validates policy x settings
+    for p in lanes:
+        p.warmup()
     for policy in policies:
         if isinstance(policy, Oracle):  # untimed: the oracle knows the target's answer in advance
             policy.reference = greedy_reference(pair, prompt_ids, settings.max_new_tokens, should_stop)
     info = dict(pair.describe())
+    info.pop("assistant_precision", None)  # per lane: every trace row has its own assistant_precision
     info.update(prompt_tokens=len(prompt_ids), chat=chat, max_new_tokens=settings.max_new_tokens,
                 sample=settings.sample, temperature=settings.temperature if settings.sample else None,
                 top_p=settings.top_p if settings.sample else None, seed=settings.seed if settings.sample else None)

@@ -49,6 +49,7 @@ class IterationRecord:
     draft_calls: int          # assistant forward passes this iteration (includes a dropped oracle probe)
     forward_ms: float         # time spent inside the two models' forward passes (the rest is engine overhead)
     confidences: list[float] = field(default_factory=list)  # each drafted token's confidence, in order
+    assistant_precision: str = "none"  # the assistant this lane drafted with: model | int8 (none: autoregressive)
 
     @property
     def mean_confidence(self) -> float:
@@ -80,7 +81,7 @@ def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:
         row["confidences"] = " ".join(f"{c:.4f}" for c in r.confidences)
         row["mean_confidence"] = r.mean_confidence
         rows.append(row)
-    columns = ITERATION_COLUMNS[:-1] + ["mean_confidence", "confidences"]
+    columns = [c for c in ITERATION_COLUMNS if c != "confidences"] + ["mean_confidence", "confidences"]
     return pd.DataFrame(rows, columns=columns)
 
 
