@@ -23,9 +23,11 @@ def build_demo(models: str | None = None) -> gr.Blocks:
 
     def compare(prompt, lane_a=d.lane_a, lane_b=d.lane_b, k=d.k, threshold=d.threshold, max_lookahead=d.max_lookahead,
                 max_new_tokens=d.max_new_tokens, baseline=d.baseline, chat=d.chat, sample=d.sample,
-                temperature=d.temperature, top_p=d.top_p, seed=d.seed, request: gr.Request = None):
+                temperature=d.temperature, top_p=d.top_p, seed=d.seed, lane_a_assistant=ui.DEFAULT_ASSISTANT,
+                lane_b_assistant=ui.DEFAULT_ASSISTANT, request: gr.Request = None):
         yield from ui.compare(loader.get, prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens,
-                              baseline, chat, sample, temperature, top_p, seed, should_stop=stops.for_request(request))
+                              baseline, chat, sample, temperature, top_p, seed, lane_a_assistant, lane_b_assistant,
+                              should_stop=stops.for_request(request), get_profile=loader.get_profile)
 
     with gr.Blocks(title="DISCO Lab: dynamic speculation lookahead") as demo:
         gr.Markdown("# DISCO Lab\nSpeculative decoding with a **static** and a **dynamic** (confidence-thresholded) "
@@ -44,6 +46,13 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                                              info="or type a spec, e.g. heuristic:3")
                         lane_b = gr.Dropdown(ui.LANE_KINDS, value=d.lane_b, label="Lane B policy", allow_custom_value=True,
                                              info="or type a spec, e.g. threshold:0.3:8")
+                    with gr.Row():
+                        lane_a_assistant = gr.Dropdown(ui.ASSISTANT_CHOICES, value=ui.DEFAULT_ASSISTANT,
+                                                       label="Lane A assistant", elem_id="lane-a-assistant",
+                                                       info="default, the pair's dtype (model), or dynamic int8")
+                        lane_b_assistant = gr.Dropdown(ui.ASSISTANT_CHOICES, value=ui.DEFAULT_ASSISTANT,
+                                                       label="Lane B assistant", elem_id="lane-b-assistant",
+                                                       info="auto lane: the recommended one unless set here")
                     k = gr.Slider(1, 32, value=d.k, step=1, label="Static lookahead K (static / heuristic lanes)",
                                   elem_id="k")
                     threshold = gr.Slider(0, 1, value=d.threshold, step=0.05, label="Confidence threshold τ (threshold lane)",
@@ -84,12 +93,19 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                 gr.Markdown("The sweep tab is not available in this build (`disco.sweep_tab` is missing).")
             else:
                 build_sweep_tab(loader.get)
+        with gr.Tab("This machine"):
+            machine_md = gr.Markdown("○ waiting for the models…", elem_id="machine")
+            with gr.Row():
+                machine_cost = gr.Plot(plots.empty_figure(plots.MACHINE_COST_TITLE, "waiting for the models…"),
+                                       show_label=False, elem_id="plot-machine-cost")
+                machine_speedup = gr.Plot(plots.empty_figure(plots.MACHINE_SPEEDUP_TITLE, "waiting for the models…"),
+                                          show_label=False, elem_id="plot-machine-speedup")
         with gr.Tab("About"):
             gr.Markdown(ui.ABOUT_MD, latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
                                                        {"left": "$", "right": "$", "display": False}])
 
         inputs = [prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens, baseline, chat, sample,
-                  temperature, top_p, seed]
+                  temperature, top_p, seed, lane_a_assistant, lane_b_assistant]
         outputs = [run_status, lanes, race_plot, lookahead_plot, latency_plot, confidence_plot, summary,
                    iterations_csv, tokens_csv]
         # Stop ends the race at its next transformer layer, dropping the unfinished iteration; the race itself
@@ -98,6 +114,8 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                    concurrency_limit=1, show_progress="full", show_progress_on=[run_status])
         demo.load(loader.status_stream, outputs=[model_status], concurrency_limit=None, api_visibility="private",
                   show_progress="hidden")
+        demo.load(loader.machine_stream, outputs=[machine_md, machine_cost, machine_speedup], concurrency_limit=None,
+                  api_visibility="private", show_progress="hidden")
     return demo
 
 

@@ -144,9 +144,12 @@ def environment(pair) -> dict:
     import transformers
 
     info = dict(pair.describe())
+    from disco.calibration import cpu_info, flags_line
+
     info.update(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
                 sklearn_available=sklearn_available(), threads=torch.get_num_threads(),
-                cpu=platform.processor() or platform.machine())
+                cpu=cpu_info()["cpu"], cpu_flags=" ".join(cpu_info()["flags"]),
+                onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA", ""), machine=flags_line())
     return info
 
 
@@ -200,7 +203,7 @@ def _row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, s: 
         "decode_seconds": s.get("decode_seconds", math.nan),
     }
     row.update(extra)
-    for key in ("models", "dtype", "device", "torch", "transformers", "sklearn_available", "max_new_tokens"):
+    for key in ("models", "dtype", "device", "assistant_precision", "torch", "transformers", "sklearn_available", "max_new_tokens"):
         row[key] = meta.get(key)
     return row
 
@@ -678,9 +681,11 @@ def _md_table(header: list[str], rows: list[list]) -> str:
 def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | None, validation: dict,
                      val: pd.DataFrame, peers: pd.DataFrame) -> str:
     best = meta.get("best", {})
-    parts = [f"# DISCO Lab benchmark: {meta.get('models')} ({meta.get('dtype')}, {meta.get('device')})", ""]
+    parts = [f"# DISCO Lab benchmark: {meta.get('models')} ({meta.get('dtype')}, {meta.get('device')}, "
+             f"{meta.get('assistant_precision', 'model')} assistant)", ""]
     parts.append(
         f"Command: `{meta.get('command')}`  \n"
+        f"Machine: {meta.get('machine', meta.get('cpu'))}  \n"
         f"Suite: {meta.get('suite')} ({meta.get('prompts_replayed', 0)} prompts replayed, "
         f"{meta.get('prompts_timed', 0)} timed), max_new_tokens={meta.get('max_new_tokens')}, greedy.  \n"
         f"Versions: torch {meta.get('torch')}, transformers {meta.get('transformers')}, python {meta.get('python')}; "
@@ -823,6 +828,7 @@ class BenchConfig:
     mode: str = "both"
     dtype: str = "auto"
     device: str = "auto"
+    assistant_precision: str = "auto"
     specs: tuple[str, ...] = ()
     timed_strategies: tuple[str, ...] = ()
     timed_prompts: int | None = 6
@@ -864,7 +870,10 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
     if AUTOREGRESSIVE not in specs:
         specs.insert(0, AUTOREGRESSIVE)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    pair = pair or load_pair(cfg.models, dtype=cfg.dtype, device=cfg.device)
+    from disco.models import resolve_assistant
+
+    pair = resolve_assistant(pair or load_pair(cfg.models, dtype=cfg.dtype, device=cfg.device),
+                             cfg.assistant_precision, log=_log)
     meta = environment(pair)
     meta.update(command=cfg.command, suite=str(cfg.suite or DEFAULT_SUITE.name), max_new_tokens=cfg.max_new_tokens,
                 mode=cfg.mode, grid_size=len(specs), time_tolerance_pct=100 * TIME_TOLERANCE)
@@ -1142,8 +1151,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["replay", "timed", "both"], default=None,
                    help="replay (default; exact greedy replay of the grid), timed (real runs + transformers peer), "
                         "or both (adds the validation of replay against the timed runs; the --quick default)")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="auto: chosen by timing the passes that matter on this machine (cached)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--assistant-precision", choices=["auto", "model", "int8"],
+                   default=os.environ.get("DISCO_ASSISTANT_PRECISION", "auto"),
+                   help="the assistant's weights for every lane: model, int8 (dynamic int8, CPU) or auto (calibrated)")
     p.add_argument("--static-ks", type=lambda t: _list(t, int), default=None, help=f"default {','.join(map(str, STATIC_KS))}")
     p.add_argument("--taus", type=lambda t: _list(t, float), default=None, help="default 0.05,0.1,...,0.95")
     p.add_argument("--kmaxes", type=lambda t: _list(t, int), default=None, help=f"default {','.join(map(str, KMAXES))}")
@@ -1181,7 +1194,8 @@ def config_from_args(args, argv: list[str]) -> BenchConfig:
         prompts = ",".join(p.id for p in pick_prompts(suite, 3))
     return BenchConfig(
         models=models, suite=args.suite, max_new_tokens=args.max_new_tokens or (32 if quick else 64), out=out,
-        mode=args.mode or ("both" if quick else "replay"), dtype=args.dtype, device=args.device, specs=tuple(specs), timed_strategies=timed,
+        mode=args.mode or ("both" if quick else "replay"), dtype=args.dtype, device=args.device,
+        assistant_precision=args.assistant_precision, specs=tuple(specs), timed_strategies=timed,
         timed_prompts=args.timed_prompts or (None if quick else 6), prompts=prompts, reps=args.reps,
         calibration_reps=args.calibration_reps,
         cache_dir=args.cache_dir, peer=not args.no_peer, progress=not args.no_progress,
@@ -1193,6 +1207,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from disco.engine import InputError
     from disco.models import ModelLoadError
+    from disco.precision import PrecisionError
 
     try:
         args = build_parser().parse_args(argv)
@@ -1208,7 +1223,7 @@ def main(argv: list[str] | None = None) -> int:
         elif cfg.models == "tiny":
             torch.set_num_threads(1)  # tiny models gain nothing from threads; on a busy machine they thrash
         result = run_bench(cfg)
-    except (BenchError, InputError, StrategyError, ModelLoadError, ReplayError) as exc:
+    except (BenchError, InputError, StrategyError, ModelLoadError, ReplayError, PrecisionError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:

@@ -21,6 +21,7 @@ version, thread count, model pair, device), so later starts are instant; a chang
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -114,6 +115,9 @@ def pass_costs(model, device: torch.device, context: list[int], sizes, reps: int
     base = len(context)
     samples: dict[int, list[float]] = {int(n): [] for n in sizes}
     filler = context[-1]
+    for n in samples:  # untimed: the first pass of a new shape builds its kernels (oneDNN primitives)
+        model(input_ids=torch.tensor([[filler] * n], device=device), cache=cache, use_cache=True, logits_to_keep=n)
+        cache.crop(-(cache.get_seq_length() - base)) if cache.get_seq_length() > base else None
     for _ in range(reps):
         for n in samples:
             x = torch.tensor([[filler] * n], device=device)
@@ -223,25 +227,21 @@ def decide(target_ms: dict[str, dict[int, float]], assistant_ms: dict[str, float
 def calibrate(pair, models: str, candidates=CANDIDATES_CPU, reps: int = 3, log=None) -> Calibration:
     """Time the passes that matter for every candidate dtype and the int8 assistant; decide (see module doc).
 
-    The pair is converted in place to each candidate and back to its own dtype (bf16 -> fp32 -> bf16 is exact).
+    Other dtypes are timed on temporary copies (the embedded pair in fp32 needs ~8 GB for a few seconds).
     """
     start = time.perf_counter()
     device = pair.device
     ctx = _context(pair)
-    own = pair.dtype
     target_ms: dict[str, dict[int, float]] = {}
     assistant_ms: dict[str, float] = {}
-    try:
-        for name in candidates:
-            dt = DTYPES[name]
-            pair.target.to(dt)
-            pair.assistant.to(dt)
-            pass_costs(pair.target, device, ctx, (1,), reps=1)  # warm the new kernels
-            target_ms[name] = pass_costs(pair.target, device, ctx, SIZES, reps)
-            assistant_ms[name] = pass_costs(pair.assistant, device, ctx, (1,), reps + 2)[1]
-    finally:
-        pair.target.to(own)
-        pair.assistant.to(own)
+    for name in candidates:
+        dt = DTYPES[name]
+        # a copy in the candidate dtype (the pair itself is never touched; an fp32 -> bf16 -> fp32 trip would lose bits)
+        target, assistant = (m if m.dtype == dt else copy.deepcopy(m).to(dt) for m in (pair.target, pair.assistant))
+        pass_costs(target, device, ctx, (1,), reps=1)  # warm the new kernels
+        target_ms[name] = pass_costs(target, device, ctx, SIZES, reps)
+        assistant_ms[name] = pass_costs(assistant, device, ctx, (1,), reps + 2)[1]
+        del target, assistant
     if device.type == "cpu":
         int8 = pair.with_assistant(prec.INT8).assistant
         pass_costs(int8, device, ctx, (1,), reps=1)

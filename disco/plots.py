@@ -308,3 +308,52 @@ def all_figures(frame: pd.DataFrame, strategies: list[str] | None = None) -> tup
     """The app's four live figures, in display order."""
     return (race_figure(frame, strategies), lookahead_figure(frame, strategies),
             latency_figure(frame, strategies), confidence_figure(frame, strategies))
+
+
+# ------------------------------------------------------------------------------------------------
+# "This machine": the cost profile (input: ``disco.profile.Profile.to_dict()``, plain data)
+
+PRECISION_COLORS = {"model": "#0072b2", "int8": "#009e73"}
+MACHINE_COST_TITLE = "What a pass costs here: target verification vs tokens, assistant step per precision"
+MACHINE_SPEEDUP_TITLE = "Predicted speed-up per static K (Leviathan, measured verification) and replay's best"
+
+
+def machine_cost_figure(profile: dict | None) -> go.Figure:
+    if not profile:
+        return empty_figure(MACHINE_COST_TITLE, "measuring this machine's profile…")
+    target = sorted((int(n), ms) for n, ms in profile["target_ms"].items())
+    data = [dict(type="scatter", mode="lines+markers", x=[n for n, _ in target], y=[ms for _, ms in target],
+                 name=f"target pass ({profile['dtype']})", line=dict(color="#d55e00", width=2.5),
+                 hovertemplate="%{x} tokens: %{y:.0f} ms<extra>target</extra>")]
+    xmax = target[-1][0]
+    for p, costs in profile["assistant_ms"].items():
+        ms = costs.get("1", costs.get(1))
+        data.append(dict(type="scatter", mode="lines", x=[1, xmax], y=[ms, ms], name=f"assistant step ({p})",
+                         line=dict(color=PRECISION_COLORS.get(p, "#666"), dash="dash", width=2),
+                         hovertemplate=f"{ms:.0f} ms a step (c = {profile['cost_ratio'][p]:.2f})<extra>{p}</extra>"))
+    layout = dict(xaxis=dict(title="tokens fed to the target (1 + drafts)"),
+                  yaxis=dict(title="ms per forward pass", rangemode="tozero"))
+    return _figure(data, layout, MACHINE_COST_TITLE)
+
+
+def machine_speedup_figure(profile: dict | None) -> go.Figure:
+    if not profile:
+        return empty_figure(MACHINE_SPEEDUP_TITLE, "measuring this machine's profile…")
+    data = []
+    for p, rows in profile.get("leviathan", {}).items():
+        color = PRECISION_COLORS.get(p, "#666")
+        data.append(dict(type="scatter", mode="lines", x=[r["k"] for r in rows],
+                         y=[r["speedup_measured_verify"] for r in rows], name=f"Leviathan, {p} assistant",
+                         line=dict(color=color, width=2),
+                         hovertemplate="K=%{x}: %{y:.2f}×<extra>" + p + "</extra>"))
+        replay = profile.get("replay", {}).get(p, {})
+        ks = sorted((int(s.split(":")[1]), v) for s, v in replay.items() if s.startswith("static:"))
+        if ks:
+            data.append(dict(type="scatter", mode="markers", x=[k for k, _ in ks], y=[v for _, v in ks],
+                             name=f"replay static K, {p}", marker=dict(color=color, size=8, symbol="diamond"),
+                             hovertemplate="static:%{x}: %{y:.2f}× (replay)<extra>" + p + "</extra>"))
+    data.append(dict(type="scatter", mode="lines", x=[1, 32], y=[1, 1], name="autoregressive",
+                     line=dict(color="#94a3b8", dash="dot"), hoverinfo="skip"))
+    layout = dict(xaxis=dict(title="static lookahead K"), yaxis=dict(title="speed-up over autoregressive",
+                                                                    rangemode="tozero"))
+    return _figure(data, layout, MACHINE_SPEEDUP_TITLE)

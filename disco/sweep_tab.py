@@ -22,6 +22,7 @@ from disco.bench import (
     sweep,
 )
 from disco.replay import AUTOREGRESSIVE, KMAXES, STATIC_KS, default_grid
+from disco.ui import COMPUTE_LOCK
 
 DEFAULT_TAUS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 DEFAULT_STATIC = ",".join(str(k) for k in STATIC_KS)
@@ -147,21 +148,22 @@ def build_sweep_tab(get_pair) -> None:
             pair = get_pair() if callable(get_pair) else get_pair
             progress(0.0, desc="starting")
             last = None
-            for update in sweep(pair, picked, specs, max_new, cache_dir(),
-                                on_progress=lambda f, msg: progress(f, desc=msg), should_stop=should_stop):
-                last = update
-                path = Path(tempfile.mkdtemp(prefix="disco-sweep-")) / "sweep-runs.csv"
-                update.runs.to_csv(path, index=False)
-                best = best_settings(update.summary)
-                strategies = [s for s in specs if s in set(update.summary["strategy"])]
-                pick = best.get("best_threshold") or REFERENCE_SETTING
-                new_state = {"prompts": [p.id for p in picked], "max_new_tokens": max_new, "specs": strategies}
-                yield (_status(update.summary, update.done, update.total, time.perf_counter() - start),
-                       heatmap_figure(update.summary), top_settings(update.summary),
-                       gr.update(choices=strategies, value=pick if pick in strategies else None),
-                       gr.update(choices=[c for c in choices if c[1] in new_state["prompts"]],
-                                 value=new_state["prompts"][0]),
-                       str(path), new_state)
+            with COMPUTE_LOCK:  # takes turns with races and the background profile
+                for update in sweep(pair, picked, specs, max_new, cache_dir(),
+                                    on_progress=lambda f, msg: progress(f, desc=msg), should_stop=should_stop):
+                    last = update
+                    path = Path(tempfile.mkdtemp(prefix="disco-sweep-")) / "sweep-runs.csv"
+                    update.runs.to_csv(path, index=False)
+                    best = best_settings(update.summary)
+                    strategies = [s for s in specs if s in set(update.summary["strategy"])]
+                    pick = best.get("best_threshold") or REFERENCE_SETTING
+                    new_state = {"prompts": [p.id for p in picked], "max_new_tokens": max_new, "specs": strategies}
+                    yield (_status(update.summary, update.done, update.total, time.perf_counter() - start),
+                           heatmap_figure(update.summary), top_settings(update.summary),
+                           gr.update(choices=strategies, value=pick if pick in strategies else None),
+                           gr.update(choices=[c for c in choices if c[1] in new_state["prompts"]],
+                                     value=new_state["prompts"][0]),
+                           str(path), new_state)
             if should_stop() and (last is None or last.done < last.total):
                 kept = (f"the {last.done} completed prompt(s) above are kept (CSV included)" if last is not None
                         else "no prompt was completed")

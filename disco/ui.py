@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import logging
 import math
+import os
 import re
 import tempfile
 import threading
@@ -24,20 +25,28 @@ import pandas as pd
 
 from disco import plots
 from disco.engine import DecodeSettings, InputError, Interrupted
-from disco.models import ModelLoadError, load_pair
+from disco.models import ModelLoadError, load_pair, resolve_assistant
 from disco.policies import STRATEGY_KINDS, StrategyError
+from disco.precision import PrecisionError
 from disco.race import AUTOREGRESSIVE, build_policies, race
 from disco.trace import SOURCE_AUTOREGRESSIVE, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT
 
 log = logging.getLogger("disco.ui")
 
-USER_ERRORS = (InputError, StrategyError, ModelLoadError)
+USER_ERRORS = (InputError, StrategyError, ModelLoadError, PrecisionError)
 UPDATE_INTERVAL_S = 0.25  # lanes, numbers and status: ~4 updates a second
 PLOT_INTERVAL_S = 1.0     # gr.Plot redraws whole figures (Plotly.react on 4 charts): more often stalls the browser
 
-# the lanes' policy menus: every kind the engine knows except the baseline (which has its own toggle)
-LANE_KINDS = [info.kind for info in STRATEGY_KINDS if info.kind != AUTOREGRESSIVE]
+# the lanes' policy menus: every kind the engine knows except the baseline (which has its own toggle), and
+# ``auto``: this machine's recommended setting, from the cost profile measured in the background
+AUTO = "auto"
+LANE_KINDS = [info.kind for info in STRATEGY_KINDS if info.kind != AUTOREGRESSIVE] + [AUTO]
 KIND_HELP = {info.kind: info for info in STRATEGY_KINDS}
+# a lane's assistant: the app's default (DISCO_ASSISTANT_PRECISION, calibrated when auto), or one explicitly
+DEFAULT_ASSISTANT = "default"
+ASSISTANT_CHOICES = [DEFAULT_ASSISTANT, "model", "int8"]
+# the race, the sweep and the background profile take turns on the CPU (timings would spoil each other)
+COMPUTE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -100,18 +109,37 @@ def _as_float(value, what: str) -> float:
     return number
 
 
-def lane_spec(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead) -> str:
-    """A lane's strategy spec from its policy menu and the shared sliders.
+def lane_spec(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
+              assistant: str = DEFAULT_ASSISTANT, auto_spec: str | None = None) -> str:
+    """A lane's strategy spec from its policy menu, its assistant menu and the shared sliders.
 
     The menu holds kinds (``static``); a full spec typed into it (``threshold:0.3:8``) is used verbatim.
     A kind's parameters are filled from its template: K from the static slider, TAU from the threshold
     slider, KMAX from the maximum-lookahead slider, so kinds added to the engine later work unchanged.
+    ``auto`` is this machine's recommended spec (``auto_spec``, from the profile; it names its assistant).
+    An explicit ``assistant`` (model / int8) is appended as ``@model`` / ``@int8`` unless the spec names one.
     """
     kind = (kind or "").strip()
     if not kind:
         raise InputError("a lane has no policy selected")
-    if ":" in kind:
-        return kind
+    assistant = (assistant or DEFAULT_ASSISTANT).strip().lower()
+    if assistant not in ASSISTANT_CHOICES:
+        raise InputError(f"unknown assistant {assistant!r}: choose one of {', '.join(ASSISTANT_CHOICES)}")
+    if kind == AUTO:
+        if not auto_spec:
+            raise InputError("the 'auto' lane needs this machine's profile, which is still being measured "
+                             "(see the This machine tab); pick another policy meanwhile")
+        spec = auto_spec
+        if assistant != DEFAULT_ASSISTANT:  # the lane's menu overrides the recommended assistant
+            spec = spec.split("@", 1)[0] + "@" + assistant
+        return spec
+    spec = kind if ":" in kind else _template_spec(kind, k, threshold, max_lookahead)
+    if assistant != DEFAULT_ASSISTANT and "@" not in spec and spec != AUTOREGRESSIVE:
+        spec = f"{spec}@{assistant}"
+    return spec
+
+
+def _template_spec(kind: str, k, threshold, max_lookahead) -> str:
     info = KIND_HELP.get(kind)
     if info is None:
         raise StrategyError(f"unknown policy {kind!r}: choose one of {', '.join(LANE_KINDS)} or type a full spec")
@@ -120,10 +148,12 @@ def lane_spec(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_lookahe
     return ":".join(values.get(part, part) for part in info.template.split(":"))
 
 
-def lane_strategies(lane_a: str, lane_b: str, k, threshold, max_lookahead, baseline: bool) -> tuple[list[str], list[str]]:
+def lane_strategies(lane_a: str, lane_b: str, k, threshold, max_lookahead, baseline: bool,
+                    assistants=(DEFAULT_ASSISTANT, DEFAULT_ASSISTANT), auto_spec: str | None = None
+                    ) -> tuple[list[str], list[str]]:
     """The race's strategy list (baseline first) and notes for the user (e.g. a duplicate lane dropped)."""
-    specs = [lane_spec(lane_a, k, threshold, max_lookahead), lane_spec(lane_b, k, threshold, max_lookahead)]
-    notes = []
+    specs = [lane_spec(lane, k, threshold, max_lookahead, a, auto_spec) for lane, a in zip((lane_a, lane_b), assistants)]
+    notes = [f"auto = {auto_spec} (this machine's recommended setting)"] if AUTO in (lane_a, lane_b) else []
     if specs[0] == specs[1]:
         notes.append(f"both lanes are {specs[0]}; running it once")
         specs = specs[:1]
@@ -317,7 +347,7 @@ def empty_lanes_html(strategies: list[str] | None = None, message: str = "press 
 # ------------------------------------------------------------------------------------------------
 # summary table and CSV files
 
-SUMMARY_COLUMNS = ["lane", "new tokens", "time (s)", "tokens/s", "speed-up", "acceptance", "mean lookahead",
+SUMMARY_COLUMNS = ["lane", "assistant", "new tokens", "time (s)", "tokens/s", "speed-up", "acceptance", "mean lookahead",
                    "target passes", "draft passes", "TTFT (ms)", "same as baseline"]
 
 
@@ -326,7 +356,7 @@ def summary_frame(summaries: list[dict] | None) -> pd.DataFrame:
     for s in summaries or []:
         same = s.get("identical_to_autoregressive")
         rows.append([
-            s["strategy"], int(s["new_tokens"]), _num(s.get("seconds"), ".2f"), _num(s.get("tokens_per_s"), ".1f"),
+            s["strategy"], s.get("assistant_precision") or "—", int(s["new_tokens"]), _num(s.get("seconds"), ".2f"), _num(s.get("tokens_per_s"), ".1f"),
             "—" if _missing(s.get("speedup")) else f"{s['speedup']:.2f}×",
             "—" if _missing(s.get("acceptance_rate")) else f"{100 * s['acceptance_rate']:.1f} %",
             _num(s.get("mean_lookahead"), ".2f"),
@@ -503,18 +533,26 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
             threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
             max_new_tokens=DEFAULTS.max_new_tokens, baseline: bool = DEFAULTS.baseline, chat: bool = DEFAULTS.chat,
             sample: bool = DEFAULTS.sample, temperature=DEFAULTS.temperature, top_p=DEFAULTS.top_p,
-            seed=DEFAULTS.seed, *, interval: float = UPDATE_INTERVAL_S,
-            plot_interval: float = PLOT_INTERVAL_S, should_stop: Callable[[], bool] | None = None) -> Iterator[tuple]:
+            seed=DEFAULTS.seed, lane_a_assistant: str = DEFAULT_ASSISTANT, lane_b_assistant: str = DEFAULT_ASSISTANT, *,
+            interval: float = UPDATE_INTERVAL_S, plot_interval: float = PLOT_INTERVAL_S,
+            should_stop: Callable[[], bool] | None = None, get_profile: Callable[[], object] | None = None
+            ) -> Iterator[tuple]:
     """Race the lanes and stream the page's outputs (see OUTPUT_LABELS).
 
     ``get_pair`` is a ModelPair or a function returning one (it may wait for start-up loading).
     ``should_stop`` is polled before every forward pass: when it turns true the iteration in progress is
     abandoned and the run ends with a "Stopped" status and the completed iterations' trace in the CSV files.
-    User mistakes become ``gr.Error`` with the engine's one-line message.
+    User mistakes become ``gr.Error`` with the engine's one-line message. ``get_profile`` returns this machine's
+    cost profile (or None while it is measured): the ``auto`` lane runs its recommended setting.
     """
     start = time.perf_counter()
     try:
-        strategies, notes = lane_strategies(lane_a, lane_b, k, threshold, max_lookahead, baseline)
+        auto_spec = None
+        if AUTO in (str(lane_a).strip(), str(lane_b).strip()):
+            prof = get_profile() if get_profile is not None else None
+            auto_spec = (getattr(prof, "recommended", None) or {}).get("auto")
+        strategies, notes = lane_strategies(lane_a, lane_b, k, threshold, max_lookahead, baseline,
+                                            (lane_a_assistant, lane_b_assistant), auto_spec)
         build_policies(strategies)  # parse every spec now: a typo fails before anything runs
         settings = decode_settings(max_new_tokens, sample, temperature, top_p, seed)
         if not isinstance(prompt, str) or not prompt.strip():
@@ -528,25 +566,13 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
     yield _blank(f"○ **Starting** · {', '.join(f'`{s}`' for s in strategies)} · {waiting}…", strategies,
                  waiting + "…", "waiting for the first iteration…")
 
-    snapshot = None
+    holder: list = [None]
     try:
         pair = get_pair() if callable(get_pair) else get_pair
         decode = getattr(pair, "decode", None)
-        last = last_plot = -math.inf
-        cost = 0.0
-        for snapshot in race(pair, prompt, strategies, settings, chat=bool(chat), should_stop=should_stop):
-            now = time.perf_counter()
-            # never spend more than about a third of the wall time on drawing (the lanes' own clocks don't
-            # count it, but a visitor waits for it)
-            if not snapshot.finished and now - last >= max(interval, 2.0 * cost):
-                # the browser redraws four whole Plotly charts per update: they get a slower cadence than the text
-                with_figures = now - last_plot >= max(plot_interval, interval)
-                update = render(snapshot, final=False, wall=now - start, notes=notes, decode=decode,
-                                figures=with_figures)
-                cost = time.perf_counter() - now
-                last_plot = now if with_figures else last_plot
-                yield update
-                last = time.perf_counter()
+        with COMPUTE_LOCK:  # waits at most one chunk of the background profile
+            yield from _race_updates(pair, prompt, strategies, settings, chat, should_stop, start, notes, decode,
+                                     interval, plot_interval, holder)
     except Interrupted:  # Stop while the oracle's reference was being computed: no iteration has run
         pass
     except USER_ERRORS as exc:
@@ -557,6 +583,7 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
         log.exception("run failed")
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise gr.Error(f"the run failed: {type(exc).__name__}: {first}") from None
+    snapshot = holder[0]  # the last completed step (a Stop mid-iteration keeps every completed one)
     stopped = should_stop is not None and (snapshot is None or not snapshot.finished) and should_stop()
     if snapshot is None and stopped:
         yield _blank(f"■ **Stopped** after {time.perf_counter() - start:.1f} s, before any lane finished an "
@@ -569,19 +596,49 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
                  stopped=stopped)
 
 
+def _race_updates(pair, prompt, strategies, settings, chat, should_stop, start, notes, decode, interval, plot_interval,
+                  holder: list):
+    """The streamed (non-final) updates of one race; the last snapshot is left in ``holder[0]``."""
+    last = last_plot = -math.inf
+    cost = 0.0
+    for snapshot in race(pair, prompt, strategies, settings, chat=bool(chat), should_stop=should_stop):
+        holder[0] = snapshot
+        now = time.perf_counter()
+        # never spend more than about a third of the wall time on drawing (the lanes' own clocks don't
+        # count it, but a visitor waits for it)
+        if not snapshot.finished and now - last >= max(interval, 2.0 * cost):
+            # the browser redraws four whole Plotly charts per update: they get a slower cadence than the text
+            with_figures = now - last_plot >= max(plot_interval, interval)
+            update = render(snapshot, final=False, wall=now - start, notes=notes, decode=decode, figures=with_figures)
+            cost = time.perf_counter() - now
+            last_plot = now if with_figures else last_plot
+            yield update
+            last = time.perf_counter()
+
+
 # ------------------------------------------------------------------------------------------------
 # start-up loading
 
 
 class ModelLoader:
-    """Loads the pair once, in a background thread, so the page can show a status line meanwhile."""
+    """Loads the pair once, in a background thread, so the page can show a status line meanwhile; then measures
+    (or reads from the cache) this machine's cost profile in the same thread, taking turns with runs on
+    ``COMPUTE_LOCK``, for the "This machine" tab and the ``auto`` lane."""
 
-    def __init__(self, spec: str, dtype: str = "auto", device: str = "auto"):
+    def __init__(self, spec: str, dtype: str = "auto", device: str = "auto", assistant: str | None = None,
+                 profile: bool | None = None):
         self.spec, self.dtype, self.device = spec, dtype, device
+        self.assistant = assistant or os.environ.get("DISCO_ASSISTANT_PRECISION", "auto")
+        self.profile_enabled = (os.environ.get("DISCO_PROFILE", "on").strip().lower() not in ("0", "off", "no")
+                                if profile is None else profile)
         self.pair = None
         self.error: Exception | None = None
+        self.profile = None
+        self.profile_error: str | None = None
+        self.profile_step = "waiting for the models"
         self.started = time.perf_counter()
         self._done = threading.Event()
+        self._profile_done = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> "ModelLoader":
@@ -593,7 +650,8 @@ class ModelLoader:
     def _load(self) -> None:
         print(f"DISCO Lab: loading the {self.spec!r} model pair…", flush=True)
         try:
-            self.pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True)
+            pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True)
+            self.pair = resolve_assistant(pair, self.assistant, log=print)
             self.pair.warmup()
             print(f"DISCO Lab: models ready in {time.perf_counter() - self.started:.1f} s: {self.pair.describe()}",
                   flush=True)
@@ -602,6 +660,36 @@ class ModelLoader:
             print(f"DISCO Lab: could not load the models: {exc}", flush=True)
         finally:
             self._done.set()
+        self._measure_profile()
+
+    def _measure_profile(self) -> None:
+        from disco import calibration, profile
+
+        try:
+            if self.pair is None:
+                self.profile_error = "the models could not be loaded"
+            elif not self.profile_enabled:
+                self.profile_error = "profiling is off (DISCO_PROFILE=off)"
+            else:
+                self.profile = profile.load_cached(self.spec, self.pair)
+                if self.profile is None:
+                    def step(message: str) -> None:
+                        self.profile_step = message
+                    self.profile = profile.measure(self.pair, self.spec, log=step, lock=COMPUTE_LOCK,
+                                                   table_dir=calibration.cache_dir() / "tables")
+                    profile.save(self.profile)
+                rec = self.profile.recommended
+                print(f"DISCO Lab: machine profile ready: auto = {rec.get('auto')} "
+                      f"({rec.get('auto_speedup', math.nan):.2f}x by replay)", flush=True)
+        except Exception as exc:  # the race works without it; the tab says why
+            log.exception("profile failed")
+            self.profile_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._profile_done.set()
+
+    def get_profile(self):
+        """This machine's profile, or None while it is measured (or when it could not be)."""
+        return self.profile
 
     @property
     def ready(self) -> bool:
@@ -623,9 +711,10 @@ class ModelLoader:
         if self.error is not None:
             return f"✗ The **{self.spec}** models could not be loaded: {html.escape(str(self.error))}"
         d = self.pair.describe()
-        return (f"● Models ready: target **{d['target']}**, assistant **{d['assistant']}** · "
-                f"{d['dtype']} on {d['device']} · context {self.pair.context_length} tokens · "
-                f"loaded in {self.pair.load_seconds:.1f} s")
+        return (f"● Models ready: target **{d['target']}**, assistant **{d['assistant']}** "
+                f"({d['assistant_precision']} by default) · {d['dtype']} on {d['device']} · context "
+                f"{self.pair.context_length} tokens · loaded in {self.pair.load_seconds:.1f} s · numerics and "
+                "costs: see **This machine**")
 
     def status_stream(self) -> Iterator[str]:
         """For ``demo.load``: a live status line until the models are ready."""
@@ -633,6 +722,28 @@ class ModelLoader:
             yield self.status()
             self._done.wait(1.0)
         yield self.status()
+
+    def machine_outputs(self) -> tuple:
+        from disco import machine_view
+
+        data = self.profile.to_dict() if self.profile is not None else None
+        cal = getattr(self.pair, "calibration", None)
+        md = machine_view.markdown(data, cal.to_dict() if cal is not None else None,
+                                   self.profile_step if not self._profile_done.is_set() else None, self.profile_error,
+                                   self.pair.describe() if self.pair is not None else None)
+        return md, plots.machine_cost_figure(data), plots.machine_speedup_figure(data)
+
+    def machine_stream(self) -> Iterator[tuple]:
+        """For ``demo.load``: the This machine tab, redrawn every 2 s while the profile is measured, then once.
+        Nothing polls once it is ready (an idle app stays idle)."""
+        last = None
+        while not self._profile_done.is_set():
+            md = self.machine_outputs()
+            if md[0] != last:
+                last = md[0]
+                yield md
+            self._profile_done.wait(2.0)
+        yield self.machine_outputs()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -63,3 +63,33 @@ def test_compare_with_keywords_and_bad_input(client):
         client.predict("abc", k=0, api_name="/compare")
     with pytest.raises(Exception, match="between 1 and 128"):  # the engine's StrategyError, as gr.Error
         client.predict("abc", lane_a="static:999", api_name="/compare")
+
+
+def test_each_lane_chooses_its_assistant(client):
+    """One run shows the same policy with the model assistant and the int8 one side by side."""
+    result = client.predict("def add(a, b):", lane_a="static", lane_b="static", k=4, max_new_tokens=24, chat=False,
+                            lane_a_assistant="model", lane_b_assistant="int8", api_name="/compare")
+    trace = pd.read_csv(result[-2])
+    by_lane = trace.groupby("strategy")["assistant_precision"].agg(set).to_dict()
+    assert by_lane == {"autoregressive": {"none"}, "static:4@model": {"model"}, "static:4@int8": {"int8"}}
+    summary = result[-3]
+    rows = {r[0]: r for r in summary["data"]}
+    assert rows["static:4@int8"][1] == "int8" and rows["static:4@int8"][-1] == "yes"  # identical to the baseline
+
+
+def test_the_auto_lane_runs_the_machine_profile_recommendation(client):
+    import time
+
+    deadline = time.monotonic() + 240
+    while True:  # the tiny pair's profile is measured in the background after start-up (seconds)
+        try:
+            result = client.predict("def add(a, b):", lane_a="auto", lane_b="static", max_new_tokens=16, chat=False,
+                                    api_name="/compare")
+            break
+        except Exception as exc:
+            assert "still being measured" in str(exc), exc
+            assert time.monotonic() < deadline, "the machine profile never became ready"
+            time.sleep(1.0)
+    trace = pd.read_csv(result[-2])
+    auto = [s for s in set(trace["strategy"]) if s not in ("autoregressive", "static:5")]
+    assert len(auto) == 1 and "@" in auto[0]

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 import pytest
 
 from disco import plots, ui
-from disco.engine import DecodeSettings
+from disco.engine import DecodeSettings, InputError
 from disco.models import TINY
 from disco.race import run_all
 from disco.trace import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT
@@ -60,9 +60,23 @@ def test_lane_specs_from_controls():
 def test_every_engine_kind_is_offered():
     from disco.policies import STRATEGY_KINDS, parse_strategy
 
-    assert set(ui.LANE_KINDS) == {k.kind for k in STRATEGY_KINDS} - {"autoregressive"}
+    assert set(ui.LANE_KINDS) == {k.kind for k in STRATEGY_KINDS} - {"autoregressive"} | {"auto"}
     for kind in ui.LANE_KINDS:
-        parse_strategy(ui.lane_spec(kind))  # every default spec is valid
+        parse_strategy(ui.lane_spec(kind, auto_spec="static:3@int8"))  # every default spec is valid
+
+
+def test_lane_assistants_and_the_auto_lane():
+    assert ui.lane_spec("static", 4, assistant="int8") == "static:4@int8"
+    assert ui.lane_spec("static:2@model", assistant="int8") == "static:2@model"  # a typed suffix wins
+    assert ui.lane_spec("auto", auto_spec="threshold:0.3:10@int8") == "threshold:0.3:10@int8"
+    assert ui.lane_spec("auto", assistant="model", auto_spec="threshold:0.3:10@int8") == "threshold:0.3:10@model"
+    with pytest.raises(InputError, match="still being measured"):
+        ui.lane_spec("auto", auto_spec=None)
+    with pytest.raises(InputError, match="unknown assistant"):
+        ui.lane_spec("static", assistant="fp8")
+    # the same policy with both assistants: two lanes, side by side
+    strategies, notes = ui.lane_strategies("static", "static", 5, 0.4, 20, True, ("model", "int8"))
+    assert strategies == ["autoregressive", "static:5@model", "static:5@int8"] and notes == []
 
 
 # ------------------------------------------------------------------------------------------------

@@ -151,3 +151,39 @@ def test_models_list_shows_every_preset(capsys, tmp_path, monkeypatch):
     assert "tiny" in out and "ready" in out
     assert "embedded" in out and "models prepare" in out
     assert "TARGET::ASSISTANT" in out
+
+
+def test_profile_json_and_csv_then_auto_lane(tmp_path):
+    env_cache = {"DISCO_CACHE": str(tmp_path / "cache")}
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **env_cache)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "disco", *a], capture_output=True, text=True, cwd=ROOT,
+                                    env=env, timeout=300)
+    # no profile yet: `auto` is refused in one line, before any decoding
+    proc = run("generate", "--models", "tiny", "--prompt", "def f(x):", "--strategy", "auto", "--max-new-tokens", "8")
+    assert proc.returncode == 2 and "python -m disco profile" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    csv_path = tmp_path / "costs.csv"
+    proc = run("profile", "--models", "tiny", "--prompts", "code-complete-fib", "--max-new-tokens", "10", "--reps", "1",
+               "--json", "--csv", str(csv_path))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["recommended"]["auto"] and "flags" in data["key"]
+    costs = pd.read_csv(csv_path)
+    assert list(costs.columns) == ["role", "precision", "kind", "tokens", "ms"]
+    proc = run("profile", "--models", "tiny", "--prompts", "code-complete-fib", "--max-new-tokens", "10")
+    assert proc.returncode == 0 and "recommended (the `auto` lane)" in proc.stdout and "machine:" in proc.stdout
+    proc = run("generate", "--models", "tiny", "--prompt", "def f(x):", "--strategy", "autoregressive", "--strategy",
+               "auto", "--max-new-tokens", "8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert rows[1]["strategy"] == data["recommended"]["auto"] and rows[1]["identical_to_autoregressive"] is True
+
+
+@pytest.mark.parametrize("args,message", [
+    (["profile", "--models", "tiny", "--prompts", "nope"], "unknown suite prompt"),
+    (["profile", "--models", "tiny", "--reps", "0"], "--reps"),
+    (["generate", "--models", "tiny", "--prompt", "x", "--assistant-precision", "fp8"], "invalid choice"),
+    (["generate", "--models", "tiny", "--prompt", "x", "--strategy", "static:3@fp8"], "assistant precision"),
+])
+def test_numerics_bad_input_is_one_line(args, message):
+    proc = run_cli(*args)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

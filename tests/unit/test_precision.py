@@ -1,0 +1,90 @@
+"""Assistant precision: an int8 assistant changes what is drafted and what it costs, never the output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from disco import precision as prec
+from disco.engine import DecodeSettings
+from disco.models import resolve_assistant
+from disco.policies import StrategyError, parse_strategy
+from disco.race import run_all
+
+SPECULATIVE = ["static:1", "static:4", "heuristic:2", "threshold:0.4:20", "threshold:0.9:3", "oracle:6"]
+PROMPTS = ["def fibonacci(n):", "The quick brown fox", "SELECT * FROM users WHERE", "x"]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_every_strategy_is_lossless_with_either_assistant(tiny_pair, prompt):
+    lanes = ["autoregressive"] + [f"{s}@{p}" for s in SPECULATIVE for p in prec.PRECISIONS]
+    final = run_all(tiny_pair, prompt, lanes, DecodeSettings(max_new_tokens=40))
+    base = final.decoders[0].output_ids
+    for d in final.decoders[1:]:
+        assert d.output_ids == base, f"{d.strategy} diverged from autoregressive on {prompt!r}"
+    rows = final.export_iterations()
+    for lane in lanes[1:]:
+        want = lane.rsplit("@", 1)[1]
+        assert set(rows.loc[rows["strategy"] == lane, "assistant_precision"]) == {want}
+    assert set(rows.loc[rows["strategy"] == "autoregressive", "assistant_precision"]) == {"none"}
+    summaries = {s["strategy"]: s for s in final.summaries()}
+    assert summaries["static:4@int8"]["assistant_precision"] == "int8"
+
+
+def test_the_int8_assistant_drafts_differently_but_agrees_often(tiny_pair):
+    """Quantization must really happen (else the lanes above prove nothing) and keep a usable draft."""
+    final = run_all(tiny_pair, "def fibonacci(n):", ["static:4@model", "static:4@int8"], DecodeSettings(max_new_tokens=48))
+    model, int8 = final.decoders
+    confs = lambda d: [c for r in d.records for c in r.confidences]
+    assert confs(model) != confs(int8)
+    s = {x["strategy"]: x for x in final.summaries()}
+    assert s["static:4@int8"]["acceptance_rate"] > 0.3
+
+
+def test_int8_is_quantized_once_and_leaves_the_model_assistant_alone(tiny_pair):
+    a = tiny_pair.with_assistant("int8")
+    b = tiny_pair.with_assistant("int8")
+    assert a is b and a.target is tiny_pair.target and a.tokenizer is tiny_pair.tokenizer
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+    assert not any(type(m) is torch.nn.Linear for m in a.assistant.modules())
+    assert sum(isinstance(m, DynamicInt8Linear) for m in a.assistant.modules()) > 0
+    assert all(type(m) is torch.nn.Linear for m in tiny_pair.assistant.modules() if "Linear" in type(m).__name__)
+    assert a.with_assistant("model") is tiny_pair
+    assert a.describe()["assistant_precision"] == "int8" and tiny_pair.describe()["assistant_precision"] == "model"
+
+
+def test_sampling_with_the_int8_assistant_is_reproducible(tiny_pair):
+    settings = DecodeSettings(max_new_tokens=24, sample=True, temperature=0.8, seed=7)
+    runs = [run_all(tiny_pair, "Once upon a time", ["static:3@int8"], settings).decoders[0].output_ids for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("static:5@fp8", "unknown assistant precision"),
+    ("autoregressive@int8", "uses no assistant"),
+    ("threshold:0.4:20@", "unknown assistant precision"),
+])
+def test_bad_precision_suffixes(spec, message):
+    with pytest.raises(StrategyError, match=message):
+        parse_strategy(spec)
+
+
+def test_suffix_parses_and_keeps_the_spec():
+    p = parse_strategy(" threshold:0.3:8@INT8 ")
+    assert p.spec == "threshold:0.3:8@INT8" and p.assistant_precision == "int8" and p.tau == 0.3 and p.k == 8
+    assert parse_strategy("static:2").assistant_precision is None
+
+
+def test_precision_names_and_devices():
+    assert prec.check(" Int8 ") == "int8"
+    with pytest.raises(prec.PrecisionError, match="CPU only"):
+        prec.check("int8", torch.device("cuda"))
+    with pytest.raises(prec.PrecisionError, match="unknown"):
+        prec.check("auto")
+    assert prec.check("auto", allow_auto=True) == "auto"
+
+
+def test_auto_assistant_for_the_tiny_pair_is_the_model_one(tiny_pair):
+    assert resolve_assistant(tiny_pair, "auto") is tiny_pair
+    assert resolve_assistant(tiny_pair, "int8").assistant_precision == "int8"
