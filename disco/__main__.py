@@ -117,7 +117,7 @@ def _clean(value):
 
 JSON_FIELDS = ["strategy", "text", "new_tokens", "seconds", "tokens_per_s", "speedup", "target_calls", "draft_calls",
                "acceptance_rate", "mean_lookahead", "ttft_ms", "decode_tokens_per_s", "iterations", "drafted", "accepted",
-               "overhead_pct", "identical_to_autoregressive", "finish_reason", "models", "target", "assistant",
+               "overhead_pct", "identical_to_autoregressive", "divergence", "finish_reason", "models", "target", "assistant",
                "dtype", "device", "assistant_precision", "prompt_tokens", "chat", "max_new_tokens", "sample", "temperature", "top_p", "seed"]
 
 
@@ -125,6 +125,12 @@ def _fmt(value, spec: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return format(value, spec)
+
+
+def _diverged(div: dict | None) -> str:
+    if not div:
+        return "NO"
+    return f"{'near-tie' if div['kind'] == 'near-tie' else 'MISMATCH'}@{div['position']}"
 
 
 def print_table(summaries: list[dict], out=None) -> None:
@@ -137,13 +143,20 @@ def print_table(summaries: list[dict], out=None) -> None:
                      _fmt(s["speedup"], ".2f") + ("x" if not math.isnan(s["speedup"]) else ""),
                      str(s["target_calls"]), str(s["draft_calls"]), _fmt(s["acceptance_rate"], ".2f"),
                      _fmt(s["mean_lookahead"], ".2f"), _fmt(s["ttft_ms"], ".0f"),
-                     "-" if ident is None else ("yes" if ident else "NO")])
+                     "-" if ident is None else ("yes" if ident else _diverged(s.get("divergence")))])
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
     print(line(head), file=out)
     print("  ".join("-" * w for w in widths), file=out)
     for r in rows:
         print(line(r), file=out)
+    from disco.divergence import RULE, short
+
+    diverged = [s for s in summaries if s.get("divergence")]
+    for s in diverged:
+        print(f"{s['strategy']}: {short(s['divergence'])}", file=out)
+    if diverged:
+        print(f"({RULE}; a near-tie is bf16 rounding of an almost-tied choice, a mismatch is a bug)", file=out)
 
 
 def _load(args):
@@ -194,7 +207,7 @@ def cmd_generate(args) -> int:
         final.export_tokens().to_csv(args.tokens_csv, index=False)
     if args.json:
         for s in summaries:
-            print(json.dumps({k: _clean(s.get(k)) for k in JSON_FIELDS}, ensure_ascii=False))
+            print(json.dumps({k: _json_safe(s.get(k)) for k in JSON_FIELDS}, ensure_ascii=False))
         return 0
     meta = final.meta
     print(f"models: {meta['target']} + {meta['assistant']}  ({meta['dtype']}, {meta['device']}); "

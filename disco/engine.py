@@ -184,6 +184,7 @@ class Decoder:
         self.done = False
         self.finish_reason: str | None = None
         self.interrupted = False
+        self.reference_rederived = 0  # oracle: how often its reference was recomputed from its own prefix
         self._interrupt = None  # the running step's interrupt, polled by the layer hooks
         if policy.uses_assistant:
             install_interrupt_hooks(pair.assistant)
@@ -219,6 +220,33 @@ class Decoder:
         logits = out.logits[0, -keep:].float()
         _sync(self.device)
         return logits, (time.perf_counter() - start) * 1000.0
+
+    def _probe_drafts(self, drafts: list[int]) -> list[int]:
+        """The longest prefix of ``drafts`` that the target's verification pass over exactly that prefix accepts
+        in full (untimed). The pass is the same computation the timed verification will run (same cache, same
+        tokens, same shape), so on a deterministic device the timed pass accepts every token kept; each
+        shorter prefix is probed again because a different shape can round differently (bf16 near-ties)."""
+        while drafts:
+            feed = self.ids[self.t_len:] + drafts
+            logits, _ = self._forward(self.pair.target, self.t_cache, feed, len(drafts) + 1)
+            _truncate(self.t_cache, self.t_len)  # the probe leaves the cache as it found it
+            n, _ = greedy_accept(logits, drafts)
+            if n == len(drafts):
+                break
+            drafts = drafts[:n]
+        return drafts
+
+    def _rederive_reference(self) -> None:
+        """Once the lane's own text leaves the oracle's reference (a bf16 near-tie), the reference no longer
+        describes the lane's prefix: recompute it from that prefix (untimed), so the oracle stays an upper bound."""
+        out = self.output_ids
+        ref = self.policy.reference or []
+        if ref[: len(out)] == out:
+            return
+        remaining = self.settings.max_new_tokens - len(out)
+        follow = Decoder(self.pair, list(self.ids), Policy("autoregressive"), DecodeSettings(max_new_tokens=remaining))
+        self.policy.reference = out + follow.run(self._interrupt).output_ids
+        self.reference_rederived += 1
 
     def _pick(self, probs: torch.Tensor) -> int:
         if self.settings.sample:
@@ -283,6 +311,12 @@ class Decoder:
                     stop = STOP_CONFIDENCE
                     break
         t1 = time.perf_counter()
+        if policy.probes_verification and drafts:
+            trimmed = self._probe_drafts(drafts)  # untimed: the oracle knows what the target will accept
+            if len(trimmed) < len(drafts):
+                drafts, confidences, stop = trimmed, confidences[: len(trimmed)], STOP_ORACLE
+            probe = time.perf_counter() - t1
+            t0, t1 = t0 + probe, t1 + probe
 
         # 2. verify: one target pass over [everything the target has not seen] + drafts
         feed = self.ids[self.t_len:] + drafts
@@ -320,6 +354,11 @@ class Decoder:
 
         iteration = len(self.records) + 1
         rejected = accepted < len(drafts) or stop == STOP_ORACLE
+        # the target's view of each emitted position (its logit for the token, and the runner-up): what makes a
+        # greedy divergence between two runs explainable (disco.divergence)
+        top_logits, top_ids = torch.topk(logits[: len(new)], k=min(2, logits.shape[-1]), dim=-1)
+        top_logits, top_ids = top_logits.tolist(), top_ids.tolist()
+        chosen = logits[torch.arange(len(new)), torch.tensor(new)].tolist()
         for i, token in enumerate(new):
             if not policy.uses_assistant:
                 source, prob = SOURCE_AUTOREGRESSIVE, math.nan
@@ -327,11 +366,18 @@ class Decoder:
                 source, prob = SOURCE_DRAFT, confidences[i]
             else:
                 source, prob = (SOURCE_CORRECTION if rejected else SOURCE_BONUS), math.nan
-            self.tokens.append(TokenRecord(self.strategy, out_len + i, token, self.pair.token_text(token), source, prob, iteration))
+            other = 1 if top_ids[i][0] == token else 0  # the best token that is not this one
+            runner_id = top_ids[i][other] if len(top_ids[i]) > other else -1
+            runner_logit = top_logits[i][other] if len(top_logits[i]) > other else math.nan
+            self.tokens.append(TokenRecord(self.strategy, out_len + i, token, self.pair.token_text(token), source, prob,
+                                           iteration, chosen[i], runner_id, runner_logit))
 
         policy.update(len(drafts), accepted)
         _sync(self.device)
         t3 = time.perf_counter()
+        if policy.probes_verification and not self.done:
+            self._rederive_reference()  # untimed, like the reference itself
+            t0 += time.perf_counter() - t3
         iteration_ms = (t3 - t0) * 1000.0
         self.elapsed_ms += iteration_ms
         record = IterationRecord(

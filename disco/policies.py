@@ -35,6 +35,7 @@ class Policy:
     uses_assistant = False
     greedy_only = False
     assistant_precision: str | None = None  # from a ``@model`` / ``@int8`` suffix; None = the run's default
+    probes_verification = False  # the oracle only (see Oracle)
 
     def __init__(self, spec: str):
         self.spec = spec
@@ -113,6 +114,9 @@ class Oracle(Static):
 
     kind = "oracle"
     greedy_only = True
+    # the engine checks each draft against the very verification pass it will run (untimed), so every verified
+    # oracle draft is accepted in any dtype, and re-derives ``reference`` when the lane's text leaves it
+    probes_verification = True
 
     def __init__(self, spec: str, k: int):
         super().__init__(spec, k)

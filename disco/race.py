@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 
 import pandas as pd
 
+from disco.divergence import explain
 from disco.engine import Decoder, DecodeSettings, InputError, Interrupted
 from disco.policies import Oracle, Policy, parse_strategy
 from disco.trace import iterations_frame, summarize, tokens_frame
@@ -104,8 +105,13 @@ class Snapshot:
         return tokens_frame([t for d in self.decoders for t in d.tokens])
 
     def export_iterations(self) -> pd.DataFrame:
-        """The per-iteration trace of every lane (long format) with the run's settings on every row."""
-        return _with_meta(self.iterations(), self.meta)
+        """The per-iteration trace of every lane (long format) with the run's settings on every row, and each
+        lane's divergence from the baseline (position and kind; empty where identical or not comparable)."""
+        frame = _with_meta(self.iterations(), self.meta)
+        divs = {s["strategy"]: s["divergence"] for s in self.summaries()}
+        frame["divergence_position"] = frame["strategy"].map(lambda s: (divs.get(s) or {}).get("position"))
+        frame["divergence_kind"] = frame["strategy"].map(lambda s: (divs.get(s) or {}).get("kind"))
+        return frame
 
     def export_tokens(self) -> pd.DataFrame:
         return _with_meta(self.tokens(), self.meta)
@@ -123,10 +129,13 @@ class Snapshot:
             row["finish_reason"] = d.finish_reason
             row["assistant_precision"] = d.pair.assistant_precision if d.policy.uses_assistant else "none"
             row["speedup"] = (base_seconds / row["seconds"]) if base_seconds and d.done and row["seconds"] > 0 else math.nan
+            row["divergence"] = None
             if self.settings.sample or base is None or not (base.done and d.done):
                 row["identical_to_autoregressive"] = None  # only meaningful for finished greedy runs
             else:
                 row["identical_to_autoregressive"] = d.output_ids == base.output_ids
+                if not row["identical_to_autoregressive"]:
+                    row["divergence"] = explain(base.tokens, d.tokens, d.pair.dtype_name)
             row.update(self.meta)
             rows.append(row)
         return rows

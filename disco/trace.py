@@ -67,6 +67,9 @@ class TokenRecord:
     source: str               # accepted_draft | target_correction | target_bonus | autoregressive
     draft_prob: float         # the assistant's confidence when it drafted this token (nan otherwise)
     iteration: int
+    target_logit: float = math.nan   # the target's logit for this token, as this run computed it
+    runner_up_id: int = -1           # the target's second-ranked token at this position in this run
+    runner_up_logit: float = math.nan  # ... and its logit (explains a divergence: see disco.divergence)
 
 
 ITERATION_COLUMNS = [f.name for f in fields(IterationRecord)]

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 import gradio as gr
 import pandas as pd
 
-from disco import plots
+from disco import divergence, plots
 from disco.engine import DecodeSettings, InputError, Interrupted
 from disco.models import ModelLoadError, load_pair, resolve_assistant
 from disco.policies import STRATEGY_KINDS, StrategyError
@@ -223,6 +223,7 @@ LANES_CSS = """
 .disco-text .t-target_bonus { background: #bfdbfe; }
 .disco-text .t-autoregressive { background: transparent; }
 .disco-text .t-special { color: #9ca3af; font-style: italic; }
+.disco-text .t-diverge { outline: 2px solid #7c3aed; outline-offset: 1px; border-radius: 2px; }
 .disco-empty { color: #9ca3af; font-style: italic; }
 .disco-legend { display: flex; gap: 14px; flex-wrap: wrap; font-size: 12px; color: #4b5563; margin-top: 8px; }
 .disco-legend i { display: inline-block; width: 12px; height: 12px; border-radius: 3px; margin-right: 4px;
@@ -255,7 +256,7 @@ def _num(x, fmt: str, dash: str = "—") -> str:
         return dash
 
 
-def _token_spans(tokens: pd.DataFrame, decode: Callable[[list[int]], str] | None) -> str:
+def _token_spans(tokens: pd.DataFrame, decode: Callable[[list[int]], str] | None, divergence: dict | None = None) -> str:
     """Coloured, escaped token spans with a tooltip each. Byte-level BPE splits some characters (emoji,
     CJK) over several tokens that each decode to U+FFFD; with ``decode`` such a run (up to 4 tokens) is
     decoded together and shown as one span, coloured by its last token."""
@@ -274,6 +275,9 @@ def _token_spans(tokens: pd.DataFrame, decode: Callable[[list[int]], str] | None
         prob = "" if _missing(last.draft_prob) else f" · draft p = {last.draft_prob:.3f}"
         title = f"iteration {last.iteration} · {SOURCE_LABELS.get(last.source, last.source)}{prob}"
         cls = f"t-{last.source}" + (" t-special" if _is_special(text) else "")
+        if divergence is not None and any(int(r.position) == divergence["position"] for r in group):
+            cls += " t-diverge"  # where this lane's text leaves the baseline's
+            title += f" · {divergence['kind']}: the baseline wrote {divergence['baseline_text']!r} here"
         parts.append(f'<span class="{cls}" title="{html.escape(title)}">{html.escape(text)}</span>')
     return "".join(parts)
 
@@ -325,7 +329,7 @@ def lanes_html(strategies: list[str], tokens: pd.DataFrame | None, summaries: li
                         for k, v in numbers.items())
         lane_tokens = tokens[tokens["strategy"] == spec] if tokens is not None and not tokens.empty else None
         if lane_tokens is not None and not lane_tokens.empty:
-            body = _token_spans(lane_tokens, decode)
+            body = _token_spans(lane_tokens, decode, (summary or {}).get("divergence"))
         else:
             body = f'<span class="disco-empty">{html.escape(message or "no tokens yet")}</span>'
         cards.append(
@@ -361,7 +365,7 @@ def summary_frame(summaries: list[dict] | None) -> pd.DataFrame:
             "—" if _missing(s.get("acceptance_rate")) else f"{100 * s['acceptance_rate']:.1f} %",
             _num(s.get("mean_lookahead"), ".2f"),
             int(s["target_calls"]), int(s["draft_calls"]), _num(s.get("ttft_ms"), ".0f"),
-            {True: "yes", False: "no", None: "—"}.get(same, "—"),
+            "—" if same is None else ("yes" if same else "no: " + (divergence.short(s.get("divergence")) or "differs")),
         ])
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
@@ -498,7 +502,13 @@ def _status(snapshot, summaries: list[dict], wall: float, final: bool, notes: li
     elif all(c is True for c in checks):
         same = "every lane's text is identical to the baseline ✓"
     else:
-        same = "a lane's text differs from the baseline (a numerical near-tie can flip a token in bf16)"
+        divs = [(st, by[st].get("divergence")) for st in snapshot.strategies if by[st].get("divergence")]
+        same = "; ".join(f"`{st}` leaves the baseline: {divergence.short(d)}" for st, d in divs) or \
+            "a lane's text differs from the baseline"
+        if any(d["kind"] == divergence.MISMATCH for _, d in divs):
+            same += " (a mismatch is a bug: please report it with the CSV)"
+        else:
+            same += " (bf16 rounding of an almost-tied choice; marked in the lane)"
     speed = (" · speed-up vs autoregressive: " + ", ".join(parts)) if parts else ""
     extra = "".join(f" · {n}" for n in notes)
     return f"✓ **Done** in {wall:.1f} s{speed} · {same}{extra}  \n<small>{where}</small>"
