@@ -136,14 +136,10 @@ def pass_costs(model, device: torch.device, context: list[int], sizes, reps: int
 
 
 def interpolate(points: dict[int, float], n: float) -> float:
-    """Piecewise-linear in n through the measured sizes (linear extrapolation past the last two)."""
-    xs = sorted(points)
-    if len(xs) == 1:
-        return points[xs[0]] * n / xs[0]
-    for a, b in zip(xs, xs[1:]):
-        if n <= b or b == xs[-1]:
-            return max(0.0, points[a] + (points[b] - points[a]) * (n - a) / (b - a))
-    return points[xs[-1]]
+    """Piecewise-linear in n through the measured sizes (linear extrapolation past the ends): replay's rule."""
+    from disco.replay import _interp
+
+    return _interp(sorted(points.items()), n)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -269,14 +265,18 @@ def load_cached(models: str, device, root: str | os.PathLike | None = None) -> C
     return cal if cal.key == key else None
 
 
-def save(cal: Calibration, root: str | os.PathLike | None = None) -> Path | None:
-    """Write the calibration atomically; a read-only cache only costs a re-measurement next start."""
-    path = path_for(cal.key, root)
+def write_json(path: Path, data: dict) -> Path | None:
+    """Write ``data`` atomically (temp file + rename); None when the cache is not writable (a read-only cache
+    only costs a re-measurement next start)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(cal.to_dict(), indent=1))
+        tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(path)
     except OSError:
         return None
     return path
+
+
+def save(cal: Calibration, root: str | os.PathLike | None = None) -> Path | None:
+    return write_json(path_for(cal.key, root), cal.to_dict())

@@ -297,14 +297,7 @@ def load_cached(models: str, pair, prompts=DEFAULT_PROMPTS, max_new_tokens: int 
 
 def save(profile: Profile, root=None) -> Path | None:
     path = path_for(profile.key, profile.dtype, profile.prompts, profile.max_new_tokens, root)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(profile.to_dict(), indent=1))
-        tmp.replace(path)
-    except OSError:
-        return None
-    return path
+    return cal_mod.write_json(path, profile.to_dict())
 
 
 def get(pair, models: str, refresh: bool = False, root=None, **kwargs) -> Profile:
