@@ -100,7 +100,7 @@ def resolve_strategies(strategies: list[str], pair, models: str) -> list[str]:
         return strategies
     from disco import profile
 
-    prof = profile.load_cached(models, pair)
+    prof = profile.latest(models, pair)
     try:
         best = profile.resolve_auto("auto", prof)
     except profile.ProfileError as exc:

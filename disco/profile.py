@@ -294,6 +294,24 @@ def load_cached(models: str, pair, prompts=DEFAULT_PROMPTS, max_new_tokens: int 
     return profile if profile.key == key and profile.dtype == pair.dtype_name else None
 
 
+def latest(models: str, pair, root=None) -> Profile | None:
+    """The default profile for this machine and dtype, else the newest one measured with other prompts
+    or length (``python -m disco profile --prompts ...``): what the ``auto`` lane uses."""
+    found = load_cached(models, pair, root=root)
+    if found is not None:
+        return found
+    key = cal_mod.machine_key(models, pair.device)
+    best = None
+    for path in cal_mod.cache_dir(root).glob("profile-*.json"):
+        try:
+            prof = Profile.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, ProfileError):
+            continue
+        if prof.key == key and prof.dtype == pair.dtype_name and (best is None or prof.measured_at > best.measured_at):
+            best = prof
+    return best
+
+
 def save(profile: Profile, root=None) -> Path | None:
     path = path_for(profile.key, profile.dtype, profile.prompts, profile.max_new_tokens, root)
     return cal_mod.write_json(path, profile.to_dict())

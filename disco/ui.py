@@ -681,7 +681,7 @@ class ModelLoader:
             elif not self.profile_enabled:
                 self.profile_error = "profiling is off (DISCO_PROFILE=off)"
             else:
-                self.profile = profile.load_cached(self.spec, self.pair)
+                self.profile = profile.latest(self.spec, self.pair)
                 if self.profile is None:
                     def step(message: str) -> None:
                         self.profile_step = message
