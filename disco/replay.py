@@ -372,8 +372,10 @@ class ReplayTable:
 
 def table_key(pair, prompt_ids: list[int]) -> str:
     info = dict(pair.describe())
+    # the assistant's precision changes its chains (an int8 and a bf16 assistant draft differently)
     blob = json.dumps([info.get("models"), info.get("target"), info.get("assistant"), info.get("dtype"),
-                       info.get("device"), list(prompt_ids)], separators=(",", ":"))
+                       info.get("device"), info.get("assistant_precision", "model"), list(prompt_ids)],
+                      separators=(",", ":"))
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 

@@ -88,3 +88,20 @@ def test_precision_names_and_devices():
 def test_auto_assistant_for_the_tiny_pair_is_the_model_one(tiny_pair):
     assert resolve_assistant(tiny_pair, "auto") is tiny_pair
     assert resolve_assistant(tiny_pair, "int8").assistant_precision == "int8"
+
+
+def test_replay_tables_are_kept_apart_per_assistant_precision(tiny_pair, tmp_path):
+    """An int8 and a bf16/fp32 assistant draft different chains: a table built with one must never
+    serve the other (it once did, so the model-assistant benchmark replayed int8 chains)."""
+    from disco.race import encode_prompt
+    from disco.replay import build_table, replay, table_key
+
+    ids = encode_prompt(tiny_pair, "def fibonacci(n):", False, 24)
+    int8 = tiny_pair.with_assistant("int8")
+    assert table_key(tiny_pair, ids) != table_key(int8, ids)
+    tables = {p: build_table(pair, ids, 24, tmp_path, name="p") for p, pair in (("model", tiny_pair), ("int8", int8))}
+    assert tables["model"].path != tables["int8"].path
+    for table in tables.values():
+        replay(table, "static:4", 24)
+    chains = {p: [t.draft(q, 0)[1] for q in range(20)] for p, t in tables.items()}
+    assert chains["model"] != chains["int8"]
