@@ -3,7 +3,7 @@
 ``python -m disco bench`` (or ``python -m disco.bench``):
   * replay (greedy): per prompt, the target's greedy output and the assistant's chains along it are
     computed once (``disco.replay``, cached on disk); every setting of the grid is replayed exactly
-    and its time estimated from per-pass costs measured on this machine (``replay.calibrate``);
+    and its time estimated from per-pass costs measured on this machine (``costs.calibrate``);
   * timed: real end-to-end runs of a short list of strategies with our engine and, back to back,
     transformers' own ``generate(assistant_model=...)`` with matching settings (the peer), interleaved
     per prompt (A B, B A, ...) so drift on a noisy machine hits both alike; models warmed up once;
@@ -32,10 +32,9 @@ import pandas as pd
 
 from disco.engine import Interrupted
 from disco.policies import Oracle, StrategyError, parse_strategy
-from disco.replay import (
-    AUTOREGRESSIVE, KMAXES, STATIC_KS, TAUS, CostModel, ReplayError, build_table, calibrate, default_grid,
-    replay_many,
-)
+from disco import costs as cost_mod
+from disco.costs import CostModel, cached_costs
+from disco.replay import AUTOREGRESSIVE, KMAXES, STATIC_KS, TAUS, ReplayError, build_table, default_grid, replay_many
 from disco.trace import iterations_frame, summarize, theory_speedup, theory_tokens_per_iteration
 
 EXIT_USAGE = 2
@@ -139,11 +138,12 @@ def sklearn_available() -> bool:
         return False
 
 
-def environment(pair) -> dict:
+def environment(pair, info: dict | None = None) -> dict:
+    """The run's models (``pair.describe()``, or ``info`` when the models are not loaded) and this machine."""
     import torch
     import transformers
 
-    info = dict(pair.describe())
+    info = dict(pair.describe() if pair is not None else info or {})
     from disco.calibration import cpu_info, flags_line
 
     info.update(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
@@ -162,15 +162,6 @@ def _spec_parts(spec: str) -> tuple[str, float | None, int | None]:
     tau = getattr(policy, "tau", None)
     k = getattr(policy, "k", None)
     return policy.kind, tau, k
-
-
-def get_costs(pair, prompt_ids_list: list[list[int]], kmax: int, reps: int = 2) -> CostModel:
-    """Calibrate on the suite: verification sizes 1..kmax+1 on a median-length prompt, prefills of a
-    median and of the longest prompt (+ a full draft), the sizes iteration 1 feeds the target."""
-    lengths = sorted(len(ids) for ids in prompt_ids_list)
-    context = prompt_ids_list[[len(i) for i in prompt_ids_list].index(lengths[len(lengths) // 2])]
-    prefill = {lengths[len(lengths) // 2], lengths[-1] + kmax + 1}
-    return calibrate(pair, context, prefill_lengths=prefill, reps=reps, kmax=kmax)
 
 
 def replay_rows(prompt: SuitePrompt, table, results: dict, base_meta: dict) -> list[dict]:
@@ -678,6 +669,17 @@ def _md_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def _cost_sentence(meta: dict) -> str:
+    name = meta.get("cost_profile", cost_mod.MEASURED)
+    if name == cost_mod.MEASURED:
+        return "Replay seconds are estimated from per-pass costs measured on this machine (cost profile `measured`)."
+    if str(name).startswith("flat:"):
+        return (f"Cost profile `{name}`: replay time counts every target pass as one step and every assistant pass as "
+                f"{name.split(':', 1)[1]} of a step (verification free, as on a GPU with a tiny draft); the "
+                "iterations are the exact replay of this pair, only the costs are hypothetical.")
+    return f"Cost profile `{name}`: replay seconds use per-pass costs read from that CSV (measured elsewhere)."
+
+
 def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | None, validation: dict,
                      val: pd.DataFrame, peers: pd.DataFrame) -> str:
     best = meta.get("best", {})
@@ -694,7 +696,7 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
         f"{'did' if meta.get('sklearn_available') else 'did not'}).  \n"
         f"Speed-up = autoregressive seconds / strategy seconds per prompt; geometric mean over prompts "
         f"[min–max across prompts]; decode-only speed-up leaves out iteration 1 (prefill fused with the first "
-        f"verification). Replay seconds are estimated from measured per-pass costs.")
+        f"verification). {_cost_sentence(meta)}")
     overall = _overall(summary)
     if not overall.empty:
         parts += ["", "## Headline (replay, all prompts)", ""]
@@ -836,6 +838,7 @@ class BenchConfig:
     reps: int = 1
     calibration_reps: int = 2
     cache_dir: Path | None = None
+    cost_profile: str = "measured"
     peer: bool = True
     progress: bool = True
     command: str = ""
@@ -869,7 +872,15 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
         parse_strategy(s)  # fail fast, before any model work
     if AUTOREGRESSIVE not in specs:
         specs.insert(0, AUTOREGRESSIVE)
+    profile_name = cost_mod.check_profile(cfg.cost_profile)
+    if profile_name != cost_mod.MEASURED and cfg.mode != "replay":
+        raise BenchError(f"--cost-profile {profile_name} applies to --mode replay only (timed runs are measured "
+                         "on this machine)")
     cfg.out.mkdir(parents=True, exist_ok=True)
+    if profile_name != cost_mod.MEASURED and pair is None:
+        result = recost_cached(cfg, prompts, specs, profile_name)
+        if result is not None:
+            return result
     from disco.models import resolve_assistant
 
     pair = resolve_assistant(pair or load_pair(cfg.models, dtype=cfg.dtype, device=cfg.device),
@@ -895,10 +906,17 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
         meta["tables_seconds"] = time.perf_counter() - t0
         # costs are measured after the tables (models warm) and right before the timed runs, so that the
         # validation compares prediction and measurement taken under the same conditions
-        _log(f"calibrating per-pass costs on {pair.describe()['models']} ({meta['dtype']}, {meta['device']}) ...")
         t0 = time.perf_counter()
-        costs = get_costs(pair, list(encoded.values()), kmax, reps=cfg.calibration_reps)
+        if profile_name == cost_mod.MEASURED:
+            _log(f"calibrating per-pass costs on {pair.describe()['models']} ({meta['dtype']}, {meta['device']}) ...")
+            costs = cost_mod.suite_costs(pair, list(encoded.values()), kmax, reps=cfg.calibration_reps)
+        else:
+            costs = cost_mod.flat(0.0)  # placeholder, replaced below by the chosen profile
         meta["calibration_seconds"] = time.perf_counter() - t0
+        meta["cost_profile"] = profile_name
+        if profile_name != cost_mod.MEASURED:
+            costs = cost_mod.resolve(profile_name, precision=meta.get("assistant_precision"),
+                                     step_ms=costs.target_ms(1))
         meta["costs"] = costs.to_dict()
         for p in prompts:
             results = replay_many(tables[p.id], specs, cfg.max_new_tokens, costs)
@@ -936,6 +954,75 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
 
     meta["wall_seconds"] = time.perf_counter() - wall
     return write_reports(cfg.out, pd.DataFrame(runs), meta, theory)
+
+
+def _cached_table(cache_dir: Path, prompt: SuitePrompt, cfg: BenchConfig):
+    """The one cached table of ``prompt`` that matches the run's models (and dtype / assistant precision when
+    they are given), or None when there is none or several could match."""
+    import re
+
+    from disco.replay import ReplayTable, _safe
+
+    pattern = re.compile(re.escape(_safe(prompt.id)) + r"-[0-9a-f]{16}\.json")
+    found = []
+    for path in sorted(Path(cache_dir).glob(f"{_safe(prompt.id)}-*.json")):
+        if not pattern.fullmatch(path.name):
+            continue
+        try:
+            table = ReplayTable.from_dict(json.loads(path.read_text()), path)
+        except (OSError, ValueError, KeyError, TypeError, ReplayError):
+            continue
+        m = table.meta
+        if m.get("models") != cfg.models or not table.covers(cfg.max_new_tokens):
+            continue
+        if cfg.dtype != "auto" and m.get("dtype") != cfg.dtype:
+            continue
+        if cfg.assistant_precision != "auto" and m.get("assistant_precision", "model") != cfg.assistant_precision:
+            continue
+        found.append(table)
+    kinds = {(t.meta.get("dtype"), t.meta.get("assistant_precision", "model")) for t in found}
+    if len(kinds) > 1:
+        _log(f"{prompt.id}: cached tables for {sorted(kinds)}; give --dtype and --assistant-precision to pick one")
+        return None
+    return found[0] if found else None
+
+
+def recost_cached(cfg: BenchConfig, prompts: list[SuitePrompt], specs: list[str], profile_name: str) -> dict | None:
+    """Replay every spec from cached tables under a non-measured cost profile, without loading the models.
+
+    Returns None (the caller then loads the models) when a prompt has no usable table or a table lacks a chain
+    token some spec needs."""
+    cache_dir = cfg.cache_dir or (cfg.out / "tables")
+    tables = {p.id: _cached_table(cache_dir, p, cfg) for p in prompts}
+    missing = [i for i, t in tables.items() if t is None]
+    if missing:
+        _log(f"no cached replay table for {', '.join(missing)} in {cache_dir}; loading the models")
+        return None
+    first = next(iter(tables.values())).meta
+    meta = environment(None, {k: first.get(k) for k in ("models", "target", "assistant", "dtype", "device")})
+    meta["assistant_precision"] = first.get("assistant_precision", "model")
+    meta.update(command=cfg.command, suite=str(cfg.suite or DEFAULT_SUITE.name), max_new_tokens=cfg.max_new_tokens,
+                mode="replay", grid_size=len(specs), cost_profile=profile_name, models_loaded=False)
+    costs = cost_mod.resolve(profile_name, precision=meta["assistant_precision"])
+    meta["costs"] = costs.to_dict()
+    runs: list[dict] = []
+    start = time.perf_counter()
+    try:
+        for p in prompts:
+            runs += replay_rows(p, tables[p.id], replay_many(tables[p.id], specs, cfg.max_new_tokens, costs), meta)
+    except ReplayError as exc:
+        _log(f"the cached tables do not cover this grid ({exc}); loading the models")
+        return None
+    meta["prompts_replayed"] = len(prompts)
+    hits = total = 0
+    for t in tables.values():
+        h, n = t.first_token_agreement(cfg.max_new_tokens)
+        hits, total = hits + h, total + n
+    meta["alpha"], meta["cost_ratio"] = (hits / total if total else math.nan), costs.cost_ratio
+    meta["replay_seconds"] = meta["wall_seconds"] = time.perf_counter() - start
+    _log(f"replayed {len(specs)} settings on {len(prompts)} cached tables under {profile_name} "
+         f"in {meta['replay_seconds']:.1f} s (models not loaded)")
+    return write_reports(cfg.out, pd.DataFrame(runs), meta)
 
 
 def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFrame | None = None) -> dict:
@@ -1021,32 +1108,6 @@ class SweepUpdate:
     runs: pd.DataFrame        # replay rows so far
     summary: pd.DataFrame
     message: str
-
-
-_COSTS: dict[int, CostModel] = {}
-
-
-def cached_costs(pair, prompt_ids_list: list[list[int]], kmax: int = 20, cache_dir: Path | None = None,
-                 reps: int = 2) -> CostModel:
-    """Per-pass costs for the app: measured once per pair and kept (in memory and next to the tables)."""
-    from disco.replay import table_key
-
-    key = id(pair)
-    if key in _COSTS:
-        return _COSTS[key]
-    path = Path(cache_dir) / f"costs-{table_key(pair, [0])}.json" if cache_dir else None
-    if path is not None and path.is_file():
-        try:
-            _COSTS[key] = CostModel.from_dict(json.loads(path.read_text()))
-            return _COSTS[key]
-        except (ValueError, KeyError, TypeError):
-            pass
-    costs = get_costs(pair, prompt_ids_list, max(kmax, 20), reps=reps)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(costs.to_dict()))
-    _COSTS[key] = costs
-    return costs
 
 
 def sweep(pair, prompts: list[SuitePrompt], specs: list[str], max_new_tokens: int, cache_dir: Path | None = None,
@@ -1170,6 +1231,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=_int_arg, default=1, help="A B repetitions per prompt and strategy (median kept)")
     p.add_argument("--calibration-reps", type=_int_arg, default=2, help="timings per pass size (median kept)")
     p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default OUT/tables)")
+    p.add_argument("--cost-profile", default="measured", metavar="PROFILE",
+                   help="how replay turns passes into time: measured (this machine, default), flat:C (every target pass "
+                        "one step, an assistant pass C steps: a GPU with a tiny draft), or a per-pass CSV from "
+                        "`python -m disco profile --csv`. Other than measured: --mode replay only, and cached tables "
+                        "are re-costed in seconds without loading the models")
     p.add_argument("--no-peer", action="store_true", help="skip transformers' generate")
     p.add_argument("--threads", type=_int_arg, default=None, help="torch intra-op threads")
     p.add_argument("--no-progress", action="store_true")
@@ -1198,7 +1264,7 @@ def config_from_args(args, argv: list[str]) -> BenchConfig:
         assistant_precision=args.assistant_precision, specs=tuple(specs), timed_strategies=timed,
         timed_prompts=args.timed_prompts or (None if quick else 6), prompts=prompts, reps=args.reps,
         calibration_reps=args.calibration_reps,
-        cache_dir=args.cache_dir, peer=not args.no_peer, progress=not args.no_progress,
+        cache_dir=args.cache_dir, cost_profile=args.cost_profile, peer=not args.no_peer, progress=not args.no_progress,
         command="python -m disco bench " + " ".join(argv),
     )
 
@@ -1223,7 +1289,8 @@ def main(argv: list[str] | None = None) -> int:
         elif cfg.models == "tiny":
             torch.set_num_threads(1)  # tiny models gain nothing from threads; on a busy machine they thrash
         result = run_bench(cfg)
-    except (BenchError, InputError, StrategyError, ModelLoadError, ReplayError, PrecisionError) as exc:
+    except (BenchError, InputError, StrategyError, ModelLoadError, ReplayError, PrecisionError,
+            cost_mod.CostProfileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:

@@ -137,7 +137,7 @@ def pass_costs(model, device: torch.device, context: list[int], sizes, reps: int
 
 def interpolate(points: dict[int, float], n: float) -> float:
     """Piecewise-linear in n through the measured sizes (linear extrapolation past the ends): replay's rule."""
-    from disco.replay import _interp
+    from disco.costs import _interp
 
     return _interp(sorted(points.items()), n)
 

@@ -80,7 +80,7 @@ class Profile:
 
     def cost_model(self, precision: str):
         """The replay cost model for one assistant precision (verification + prefill points)."""
-        from disco.replay import CostModel
+        from disco.costs import CostModel
 
         target = {**self.target_ms, **self.target_prefill_ms}
         assistant = {**self.assistant_ms[precision], **self.assistant_prefill_ms.get(precision, {})}

@@ -4,8 +4,8 @@ With greedy decoding the output is the target's own greedy continuation ``G`` of
 what the assistant drafts from any prefix ``prompt + G[:p]`` is deterministic: its greedy chain
 ``chain_p``. A table of ``G`` and those chains (each token with its probability) is therefore enough
 to replay every policy exactly: its iterations, drafted/accepted counts, stop reasons, target and
-assistant passes. Time is then estimated from per-pass costs measured on this machine
-(``CostModel``): one assistant pass and one target pass as functions of the tokens they are fed.
+assistant passes. Time is then estimated from per-pass costs (``disco.costs.CostModel``: measured
+on this machine, flat, or read from a CSV): one assistant pass and one target pass as functions of the tokens they are fed.
 
 Computing the table is the only expensive part, so it is done lazily and shares work:
   * chains are computed only as far as some replayed policy asks (``ReplayTable.draft``);
@@ -29,7 +29,6 @@ import heapq
 import json
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from disco.costs import CostModel, _crop, calibrate  # noqa: F401 - calibrate re-exported for older callers
 from disco.engine import Decoder, DecodeSettings, InputError, distribution
 from disco.policies import Oracle, Policy, parse_strategy
 from disco.trace import (
@@ -73,117 +73,6 @@ def threshold_spec(tau: float, kmax: int) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # per-pass costs
-
-
-def _interp(points: list[tuple[int, float]], n: float) -> float:
-    """Piecewise-linear interpolation over (n, ms) points; linear extrapolation beyond the ends."""
-    if not points:
-        return math.nan
-    if len(points) == 1:
-        return points[0][1] * n / points[0][0]
-    if n <= points[0][0]:
-        (x0, y0), (x1, y1) = points[0], points[1]
-    elif n >= points[-1][0]:
-        (x0, y0), (x1, y1) = points[-2], points[-1]
-    else:
-        i = next(i for i in range(1, len(points)) if points[i][0] >= n)
-        (x0, y0), (x1, y1) = points[i - 1], points[i]
-    if x1 == x0:
-        return y0
-    return max(0.0, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
-
-
-@dataclass
-class CostModel:
-    """Measured cost (ms) of one forward pass of each model as a function of the tokens fed to it.
-
-    Small n are verification / drafting passes on top of a cache; large n are prefills. The engine
-    feeds the target ``1 + drafts`` tokens per iteration (``prompt + drafts`` on iteration 1) and
-    the assistant 1-2 tokens per draft step (the whole prompt on iteration 1).
-    """
-
-    target: list[tuple[int, float]]
-    assistant: list[tuple[int, float]]
-    meta: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        self.target = sorted((int(n), float(ms)) for n, ms in self.target)
-        self.assistant = sorted((int(n), float(ms)) for n, ms in self.assistant)
-
-    def target_ms(self, n: int) -> float:
-        return _interp(self.target, n)
-
-    def assistant_ms(self, n: int) -> float:
-        return _interp(self.assistant, n)
-
-    @property
-    def cost_ratio(self) -> float:
-        """c = t_draft / t_target for one token (Leviathan et al.)."""
-        return self.assistant_ms(1) / self.target_ms(1)
-
-    def to_dict(self) -> dict:
-        return {"target": self.target, "assistant": self.assistant, "meta": self.meta}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "CostModel":
-        return cls([tuple(x) for x in data["target"]], [tuple(x) for x in data["assistant"]], dict(data.get("meta", {})))
-
-
-def _crop(cache, length: int) -> None:
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
-
-
-@torch.inference_mode()
-def calibrate(pair, context_ids: list[int], prefill_lengths: Iterable[int] = (), verify_sizes: Iterable[int] | None = None,
-              assistant_sizes: Iterable[int] = (1, 2, 3), reps: int = 3, kmax: int = 20) -> CostModel:
-    """Measure per-pass costs on this machine, the way the engine calls the models.
-
-    ``context_ids``: a realistic prompt (the cache length verification runs on top of). Each size is
-    timed ``reps`` times, interleaving the two models and all sizes so drift hits them alike; the
-    median is kept. Prefill sizes are timed on a fresh cache.
-    """
-    from transformers import DynamicCache
-
-    if verify_sizes is None:
-        verify_sizes = sorted({1, 2, 3, 4, 5, 6, 7, 9, 11, 13, 17, kmax + 1})
-    pair.warmup()
-    device = pair.device
-    ctx = list(context_ids) or [pair.eos_ids[0]]
-    filler = ctx[-1]
-    caches = {}
-    for role, model in (("target", pair.target), ("assistant", pair.assistant)):
-        cache = DynamicCache(config=model.config)
-        model(input_ids=torch.tensor([ctx], device=device), cache=cache, use_cache=True, logits_to_keep=1)
-        caches[role] = (model, cache, len(ctx))
-    jobs = [("target", n, False) for n in verify_sizes] + [("assistant", n, False) for n in assistant_sizes]
-    for n in sorted(set(int(x) for x in prefill_lengths if int(x) > max(verify_sizes))):
-        jobs += [("target", n, True), ("assistant", n, True)]
-    samples: dict[tuple, list[float]] = {job: [] for job in jobs}
-    for _ in range(reps):
-        for job in jobs:
-            role, n, fresh = job
-            model, cache, base = caches[role]
-            tokens = (ctx * (n // len(ctx) + 1))[:n] if fresh else [filler] * n
-            x = torch.tensor([tokens], device=device)
-            use = DynamicCache(config=model.config) if fresh else cache
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            out = model(input_ids=x, cache=use, use_cache=True, logits_to_keep=1 if fresh else n)
-            out.logits[0, -1:].float().argmax()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            samples[job].append((time.perf_counter() - start) * 1000.0)
-            if not fresh:
-                _crop(cache, base)
-    target = [(n, statistics.median(samples[("target", n, f)])) for (r, n, f) in jobs if r == "target"]
-    assistant = [(n, statistics.median(samples[("assistant", n, f)])) for (r, n, f) in jobs if r == "assistant"]
-    meta = dict(pair.describe())
-    meta.update(context_tokens=len(ctx), reps=reps, threads=torch.get_num_threads(),
-                measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
-    return CostModel(target, assistant, meta)
 
 
 # ---------------------------------------------------------------------------------------------
