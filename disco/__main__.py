@@ -300,9 +300,9 @@ def cmd_profile(args) -> int:
     prof = profile.get(pair, args.models, refresh=args.refresh, prompts=prompts, max_new_tokens=args.max_new_tokens,
                        reps=args.reps, log=_log)
     if args.csv:
-        import pandas as pd
+        from disco import costs
 
-        pd.DataFrame(prof.cost_rows()).to_csv(args.csv, index=False)
+        costs.write_csv(prof.cost_rows(), args.csv)
     if args.json:
         print(json.dumps(_json_safe(prof.to_dict()), ensure_ascii=False))
     else:

@@ -1112,8 +1112,11 @@ class SweepUpdate:
 
 def sweep(pair, prompts: list[SuitePrompt], specs: list[str], max_new_tokens: int, cache_dir: Path | None = None,
           on_progress: Callable[[float, str], None] | None = None,
-          should_stop: Callable[[], bool] | None = None) -> Iterator[SweepUpdate]:
+          should_stop: Callable[[], bool] | None = None, cost_profile: str | None = None) -> Iterator[SweepUpdate]:
     """Replay ``specs`` on ``prompts``, one prompt at a time, yielding the growing results after each.
+
+    ``cost_profile`` (``measured`` by default, ``flat:C`` or a CSV path, see disco.costs) only changes the time
+    estimates; under a non-measured profile nothing is timed, so with cached tables the models are not run.
 
     ``on_progress(fraction, message)`` reports the work inside a prompt (for progress bars). ``should_stop`` is
     polled with every progress report (at most about every quarter second or decoded token): when it turns
@@ -1132,8 +1135,7 @@ def sweep(pair, prompts: list[SuitePrompt], specs: list[str], max_new_tokens: in
     meta = environment(pair)
     meta["max_new_tokens"] = max_new_tokens
     report = on_progress or (lambda fraction, message: None)
-    report(0.0, "measuring per-pass costs (once per session)")
-    costs = cached_costs(pair, encoded, kmax, cache_dir)
+    costs = sweep_costs(pair, encoded, kmax, cache_dir, cost_profile, meta, report)
     runs: list[dict] = []
     n = len(prompts)
     for i, (p, ids) in enumerate(zip(prompts, encoded)):
@@ -1157,14 +1159,31 @@ def sweep(pair, prompts: list[SuitePrompt], specs: list[str], max_new_tokens: in
         yield SweepUpdate(i + 1, n, frame, summarize_runs(frame), f"{i + 1}/{n} prompts replayed")
 
 
-def replay_iterations(pair, prompt: SuitePrompt, spec: str, max_new_tokens: int, cache_dir: Path | None = None) -> pd.DataFrame:
+def sweep_costs(pair, encoded: list[list[int]], kmax: int, cache_dir: Path | None, cost_profile: str | None,
+                meta: dict | None = None, report: Callable[[float, str], None] | None = None) -> CostModel:
+    """The cost model of a Sweep: ``measured`` (calibrated once per session and cached) or a hypothetical profile,
+    expressed in this machine's target step when that is already known (it only scales the estimated seconds)."""
+    name = cost_mod.check_profile(cost_profile)
+    if meta is not None:
+        meta["cost_profile"] = name
+    if name == cost_mod.MEASURED:
+        if report is not None:
+            report(0.0, "measuring per-pass costs (once per session)")
+        return cached_costs(pair, encoded, kmax, cache_dir)
+    known = cost_mod.known_costs(pair, cache_dir)
+    precision = (meta or {}).get("assistant_precision") or getattr(pair, "assistant_precision", None)
+    return cost_mod.resolve(name, precision=precision, step_ms=known.target_ms(1) if known is not None else None)
+
+
+def replay_iterations(pair, prompt: SuitePrompt, spec: str, max_new_tokens: int, cache_dir: Path | None = None,
+                      cost_profile: str | None = None) -> pd.DataFrame:
     """The per-iteration trace replay predicts for one setting on one prompt (for the Sweep tab's detail view)."""
     from disco.race import encode_prompt
 
     ids = encode_prompt(pair, prompt.prompt, prompt.chat, max_new_tokens)
     table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id)
     parse_strategy(spec)
-    costs = cached_costs(pair, [ids], 20, cache_dir)
+    costs = sweep_costs(pair, [ids], 20, cache_dir, cost_profile, environment(pair))
     results = replay_many(table, [spec], max_new_tokens, costs)
     if table.dirty:
         table.save()

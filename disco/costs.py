@@ -271,24 +271,37 @@ def suite_costs(pair, prompt_ids_list: list[list[int]], kmax: int, reps: int = 2
 _COSTS: dict[int, CostModel] = {}
 
 
+def _costs_path(pair, cache_dir: Path | None) -> Path | None:
+    from disco.replay import table_key
+
+    return Path(cache_dir) / f"costs-{table_key(pair, [0])}.json" if cache_dir else None
+
+
+def known_costs(pair, cache_dir: Path | None = None) -> CostModel | None:
+    """This pair's measured costs if they were measured already (this session or an earlier one), else None;
+    never measures."""
+    if id(pair) in _COSTS:
+        return _COSTS[id(pair)]
+    path = _costs_path(pair, cache_dir)
+    if path is not None and path.is_file():
+        try:
+            _COSTS[id(pair)] = CostModel.from_dict(json.loads(path.read_text()))
+            return _COSTS[id(pair)]
+        except (ValueError, KeyError, TypeError):
+            return None
+    return None
+
+
 def cached_costs(pair, prompt_ids_list: list[list[int]], kmax: int = 20, cache_dir: Path | None = None,
                  reps: int = 2) -> CostModel:
     """Per-pass costs for the app: measured once per pair and kept (in memory and next to the tables)."""
-    from disco.replay import table_key
-
-    key = id(pair)
-    if key in _COSTS:
-        return _COSTS[key]
-    path = Path(cache_dir) / f"costs-{table_key(pair, [0])}.json" if cache_dir else None
-    if path is not None and path.is_file():
-        try:
-            _COSTS[key] = CostModel.from_dict(json.loads(path.read_text()))
-            return _COSTS[key]
-        except (ValueError, KeyError, TypeError):
-            pass
+    known = known_costs(pair, cache_dir)
+    if known is not None:
+        return known
+    path = _costs_path(pair, cache_dir)
     costs = suite_costs(pair, prompt_ids_list, max(kmax, 20), reps=reps)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(costs.to_dict()))
-    _COSTS[key] = costs
+    _COSTS[id(pair)] = costs
     return costs

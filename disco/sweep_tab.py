@@ -16,6 +16,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
+from disco import costs as cost_mod
 from disco import plots
 from disco.bench import (
     KINDS, REFERENCE_SETTING, BenchError, best_settings, heatmap_figure, load_suite, pick_prompts, replay_iterations,
@@ -72,7 +73,29 @@ def top_settings(summary: pd.DataFrame, n: int = 12) -> pd.DataFrame:
     return out
 
 
-def _status(summary: pd.DataFrame, done: int, total: int, seconds: float) -> str:
+def profile_choice(menu: str | None, upload: str | None) -> str:
+    """The Sweep's cost profile: an uploaded CSV wins over the menu. The menu takes ``measured`` or ``flat:C``
+    only (a typed path would let a caller read files on the server)."""
+    if upload:
+        return cost_mod.check_profile(str(upload))
+    text = str(menu or "").strip()
+    if text and text != cost_mod.MEASURED and not text.startswith("flat:"):  # checked before any file is looked at
+        if text.lower().endswith(".csv"):
+            raise BenchError(f"cost profile {menu!r}: choose measured or flat:C here; upload a CSV for per-pass costs")
+        return cost_mod.check_profile(text)  # raises: unknown cost profile ...
+    return cost_mod.check_profile(text)
+
+
+def _profile_words(profile: str) -> str:
+    if profile == cost_mod.MEASURED:
+        return "per-pass costs measured on this machine"
+    if profile.startswith("flat:"):
+        return (f"cost profile `{profile}`: every target pass one step, every assistant pass {profile[5:]} of a "
+                "step, as on a GPU with a tiny draft; iterations exact, costs hypothetical")
+    return f"per-pass costs from the uploaded CSV `{Path(profile).name}`"
+
+
+def _status(summary: pd.DataFrame, done: int, total: int, seconds: float, profile: str = cost_mod.MEASURED) -> str:
     best = best_settings(summary)
     if not best:
         return f"{done}/{total} prompts replayed ({seconds:.0f} s)"
@@ -81,7 +104,7 @@ def _status(summary: pd.DataFrame, done: int, total: int, seconds: float) -> str
             f"{fmt(best.get('best_static_speedup'))} · `{REFERENCE_SETTING}` {fmt(best.get('reference_speedup'))} · "
             f"best threshold: `{best.get('best_threshold')}` {fmt(best.get('best_threshold_speedup'))} · oracle "
             f"{fmt(best.get('best_oracle_speedup'))}. Speed-ups are geometric means of estimated times "
-            f"(per-pass costs measured on this machine).")
+            f"({_profile_words(profile)}).")
 
 
 def build_sweep_tab(get_pair) -> None:
@@ -115,6 +138,12 @@ def build_sweep_tab(get_pair) -> None:
                 oracle = gr.Checkbox(True, label="oracle (upper bound)")
             max_new_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens", elem_id="sweep-max-new-tokens")
             with gr.Row():
+                cost_profile = gr.Dropdown(list(cost_mod.PRESETS), value=cost_mod.MEASURED, allow_custom_value=True,
+                                           label="Cost profile (measured, or flat:C = a GPU-like regime)",
+                                           elem_id="sweep-cost-profile", interactive=True)
+                cost_csv = gr.File(label="…or a per-pass cost CSV (python -m disco profile --csv)", file_types=[".csv"],
+                                   type="filepath", elem_id="sweep-cost-csv")
+            with gr.Row():
                 run = gr.Button("▶ Run sweep", variant="primary", elem_id="sweep-run")
                 stop = gr.Button(STOP_LABEL, variant="stop", elem_id="sweep-stop")
     status = gr.Markdown("Pick prompts and a grid, then press **Run sweep**.", elem_id="sweep-status", min_height=48)
@@ -135,10 +164,11 @@ def build_sweep_tab(get_pair) -> None:
     state = gr.State({})
 
     def run_sweep(prompt_ids, static_text, tau_text, kmax_text, use_heuristic, use_oracle, max_new,
-                  progress=gr.Progress(), request: gr.Request = None):
+                  profile_menu=cost_mod.MEASURED, profile_csv=None, progress=gr.Progress(), request: gr.Request = None):
         start = time.perf_counter()
         should_stop = stops.for_request(request)
         try:
+            profile = profile_choice(profile_menu, profile_csv)
             specs = grid_specs(static_text, tau_text, kmax_text, use_heuristic, use_oracle)
             picked = [by_id[i] for i in (prompt_ids or []) if i in by_id]
             if not picked:
@@ -149,7 +179,7 @@ def build_sweep_tab(get_pair) -> None:
             progress(0.0, desc="starting")
             last = None
             with COMPUTE_LOCK:  # takes turns with races and the background profile
-                for update in sweep(pair, picked, specs, max_new, cache_dir(),
+                for update in sweep(pair, picked, specs, max_new, cache_dir(), cost_profile=profile,
                                     on_progress=lambda f, msg: progress(f, desc=msg), should_stop=should_stop):
                     last = update
                     path = Path(tempfile.mkdtemp(prefix="disco-sweep-")) / "sweep-runs.csv"
@@ -157,8 +187,9 @@ def build_sweep_tab(get_pair) -> None:
                     best = best_settings(update.summary)
                     strategies = [s for s in specs if s in set(update.summary["strategy"])]
                     pick = best.get("best_threshold") or REFERENCE_SETTING
-                    new_state = {"prompts": [p.id for p in picked], "max_new_tokens": max_new, "specs": strategies}
-                    yield (_status(update.summary, update.done, update.total, time.perf_counter() - start),
+                    new_state = {"prompts": [p.id for p in picked], "max_new_tokens": max_new, "specs": strategies,
+                                 "cost_profile": profile}
+                    yield (_status(update.summary, update.done, update.total, time.perf_counter() - start, profile),
                            heatmap_figure(update.summary), top_settings(update.summary),
                            gr.update(choices=strategies, value=pick if pick in strategies else None),
                            gr.update(choices=[c for c in choices if c[1] in new_state["prompts"]],
@@ -180,7 +211,8 @@ def build_sweep_tab(get_pair) -> None:
             return gr.skip(), gr.skip()
         try:
             pair = get_pair() if callable(get_pair) else get_pair
-            frame = replay_iterations(pair, by_id[prompt_id], spec, int(st.get("max_new_tokens", 48)), cache_dir())
+            frame = replay_iterations(pair, by_id[prompt_id], spec, int(st.get("max_new_tokens", 48)), cache_dir(),
+                                      cost_profile=st.get("cost_profile"))
         except (BenchError, ValueError, RuntimeError, KeyError) as exc:
             gr.Warning(str(exc))
             return gr.skip(), gr.skip()
@@ -199,11 +231,26 @@ def build_sweep_tab(get_pair) -> None:
     outputs = [status, heatmap, table, setting, detail_prompt, csv_file, state]
     # Stop asks the sweep to end at its next progress report: the prompt in progress is dropped, completed
     # ones are kept (see ui.StopSignals)
-    run_event = stops.wire(run, stop, run_sweep, [prompts, static_ks, taus, kmaxes, heuristic, oracle, max_new_tokens],
-                           outputs, api_name="sweep", concurrency_id="compute", concurrency_limit=1,
+    inputs = [prompts, static_ks, taus, kmaxes, heuristic, oracle, max_new_tokens, cost_profile, cost_csv]
+    run_event = stops.wire(run, stop, run_sweep, inputs, outputs, api_name="sweep", concurrency_id="compute", concurrency_limit=1,
                            show_progress="full", show_progress_on=[status])
     run_event.then(show_detail, [setting, detail_prompt, state], [detail_plot, detail_table],
                    api_visibility="private", concurrency_id="compute")
+
+    def redraw(prompt_ids, static_text, tau_text, kmax_text, use_heuristic, use_oracle, max_new, profile_menu,
+               profile_csv, st, progress=gr.Progress(), request: gr.Request = None):
+        """A new cost profile re-costs the last sweep's prompts and grid from their cached tables (seconds)."""
+        if not st or not st.get("prompts"):
+            yield tuple(gr.skip() for _ in outputs)
+            return
+        yield from run_sweep(st["prompts"], static_text, tau_text, kmax_text, use_heuristic, use_oracle,
+                             st.get("max_new_tokens", max_new), profile_menu, profile_csv, progress, request)
+
+    for widget in (cost_profile, cost_csv):
+        widget.change(redraw, inputs + [state], outputs, api_visibility="private", concurrency_id="compute",
+                      show_progress="minimal").then(show_detail, [setting, detail_prompt, state],
+                                                    [detail_plot, detail_table], api_visibility="private",
+                                                    concurrency_id="compute")
     for widget in (setting, detail_prompt):
         widget.input(show_detail, [setting, detail_prompt, state], [detail_plot, detail_table],
                      api_visibility="private", concurrency_id="compute")

@@ -436,17 +436,29 @@ class StopSignals:
             self._active.discard(session or "")
 
     def request(self, session: str | None) -> bool:
-        """Ask the session's run to stop; true when it has one queued or running."""
-        self._event(session).set()
+        """Ask the session's run to stop; true when it has one queued or running. With nothing queued or
+        running it is a no-op, so a Stop pressed in an idle session cannot end the next run."""
+        event = self._event(session)
         with self._lock:
-            return (session or "") in self._active
+            active = (session or "") in self._active
+            if active:
+                event.set()
+        return active
 
     def checker(self, session: str | None) -> Callable[[], bool]:
         return self._event(session).is_set
 
     def for_request(self, request: gr.Request | None) -> Callable[[], bool]:
-        """The stop check of the session behind ``request`` (an API call without one gets a slot of its own)."""
-        return self.checker(request.session_hash if request is not None else None)
+        """The stop check of the session behind ``request`` (an API call without one gets a slot of its own).
+
+        A run that arrives without Run's ``arm`` (an API call straight to the endpoint) starts with a clear
+        signal: no Stop from before it can apply to it."""
+        session = request.session_hash if request is not None else None
+        with self._lock:
+            armed = (session or "") in self._active
+        if not armed:
+            self._event(session).clear()
+        return self.checker(session)
 
     def wire(self, run: gr.Button, stop: gr.Button, fn, inputs, outputs, **event):
         """Connect a Run/Stop pair: Run arms this session's signal (unqueued), then queues ``fn`` (which polls

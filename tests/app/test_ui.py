@@ -166,6 +166,28 @@ def test_stop_signals_are_per_session_and_rearmed_by_run():
     assert stops.request(None) is True and stops.checker(None)() and not theirs()
 
 
+class _Request:
+    def __init__(self, session):
+        self.session_hash = session
+
+
+def test_a_stop_with_nothing_running_cannot_end_a_later_run():
+    stops = ui.StopSignals()
+    # Stop pressed in an idle session: a no-op, so the next run in that session (browser or API) runs
+    assert stops.request("idle") is False and not stops.checker("idle")()
+    assert not stops.for_request(_Request("idle"))()
+    # a run reached straight through the API (no Run click to arm it) starts clear even if a stale signal is set
+    stops.arm("api")
+    stops.request("api")
+    stops.done("api")
+    assert stops.checker("api")()  # left over from the ended run
+    assert not stops.for_request(_Request("api"))()
+    # a browser run armed by Run keeps a Stop pressed while it was queued
+    stops.arm("browser")
+    stops.request("browser")
+    assert stops.for_request(_Request("browser"))()
+
+
 def test_bad_input_becomes_gr_error(pair):
     cases = [
         dict(prompt="   "),                                       # empty prompt

@@ -76,9 +76,36 @@ def test_sweep_endpoint_returns_the_heatmap_table_and_csv(prompts, tmp_path, mon
         client = Client(url, verbose=False)
         result = client.predict([p.id for p in prompts], "1,3", "0.3,0.6", "4,8", True, False, 16, api_name="/sweep")
         bad = client.predict([p.id for p in prompts], "1", "2.0", "4", False, False, 16, api_name="/sweep")
+        # the cost profile menu: the same grid re-costed from the cached tables, nothing decoded again
+        flat = client.predict([p.id for p in prompts], "1,3", "0.3,0.6", "4,8", True, False, 16, "flat:0.05", None,
+                              api_name="/sweep")
+        bad_profiles = [client.predict([prompts[0].id], "1", "0.4", "4", False, False, 16, text, None,
+                                       api_name="/sweep")[0] for text in ("gpu", "flat:x", "/etc/hosts.csv")]
     status, csv_path = result[0], result[5]
     assert "2/2 prompts replayed" in status
     runs = pd.read_csv(csv_path)
     assert set(runs["prompt_id"]) == {p.id for p in prompts}
     assert {"static:1", "static:3", "heuristic:5", "threshold:0.3:4", "threshold:0.6:8"} <= set(runs["strategy"])
     assert "⚠" in bad[0] and "outside" in bad[0]
+    assert "flat:0.05" in flat[0] and "2/2 prompts replayed" in flat[0]
+    recosted = pd.read_csv(flat[5])
+    merged = runs.merge(recosted, on=["prompt_id", "strategy"], suffixes=("", "_flat"))
+    assert len(merged) == len(runs) and (merged["target_passes"] == merged["target_passes_flat"]).all()
+    step = merged[merged["strategy"] == "autoregressive"].set_index("prompt_id")["seconds_flat"] / \
+        merged[merged["strategy"] == "autoregressive"].set_index("prompt_id")["target_passes"]
+    for _, row in merged.iterrows():
+        expected = step[row["prompt_id"]] * (row["target_passes"] + 0.05 * row["assistant_passes"])
+        assert row["seconds_flat"] == pytest.approx(expected, rel=1e-6)
+    assert all(text.startswith("⚠") for text in bad_profiles), bad_profiles
+    assert "unknown cost profile" in bad_profiles[0] and "C must be a number" in bad_profiles[1]
+    assert "upload a CSV" in bad_profiles[2]
+
+
+def test_profile_choice_prefers_an_uploaded_csv_and_refuses_typed_paths(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("role,precision,kind,tokens,ms\ntarget,bf16,step,1,3\nassistant,model,step,1,1\n")
+    assert sweep_tab.profile_choice("flat:0.4", str(path)) == str(path)
+    assert sweep_tab.profile_choice("flat:.4", None) == "flat:0.4"
+    assert sweep_tab.profile_choice(None, None) == "measured"
+    with pytest.raises(bench.BenchError, match="upload a CSV"):
+        sweep_tab.profile_choice(str(path), None)

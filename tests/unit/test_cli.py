@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from disco import costs as cost_profiles
 from disco.__main__ import JSON_FIELDS, main
 from disco.trace import parse_confidences
 
@@ -169,6 +170,13 @@ def test_profile_json_and_csv_then_auto_lane(tmp_path):
     assert data["recommended"]["auto"] and "flags" in data["key"]
     costs = pd.read_csv(csv_path)
     assert list(costs.columns) == ["role", "precision", "kind", "tokens", "ms"]
+    # the CSV is a cost profile replay can read back: the same per-pass costs, for each assistant precision
+    for precision, steps in data["assistant_ms"].items():
+        model = cost_profiles.read_csv(csv_path, precision)
+        for n, ms in data["target_ms"].items():
+            assert model.target_ms(int(n)) == pytest.approx(ms)
+        for n, ms in steps.items():
+            assert model.assistant_ms(int(n)) == pytest.approx(ms)
     proc = run("profile", "--models", "tiny", "--prompts", "code-complete-fib", "--max-new-tokens", "10")
     assert proc.returncode == 0 and "recommended (the `auto` lane)" in proc.stdout and "machine:" in proc.stdout
     proc = run("generate", "--models", "tiny", "--prompt", "def f(x):", "--strategy", "autoregressive", "--strategy",
