@@ -29,7 +29,8 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                               baseline, chat, sample, temperature, top_p, seed, lane_a_assistant, lane_b_assistant,
                               should_stop=stops.for_request(request), get_profile=loader.get_profile)
 
-    with gr.Blocks(title="DISCO Lab: dynamic speculation lookahead") as demo:
+    # Gradio copies every returned file into its cache: delete copies older than an hour, checked every 10 min
+    with gr.Blocks(title="DISCO Lab: dynamic speculation lookahead", delete_cache=(600, 3600)) as demo:
         gr.Markdown("# DISCO Lab\nSpeculative decoding with a **static** and a **dynamic** (confidence-thresholded) "
                     "speculation lookahead, racing side by side against the target model alone.")
         model_status = gr.Markdown(loader.status(), elem_id="disco-status")
@@ -110,8 +111,10 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                    iterations_csv, tokens_csv]
         # Stop ends the race at its next transformer layer, dropping the unfinished iteration; the race itself
         # then shows "Stopped" with the partial trace (see ui.StopSignals)
+        # preprocess=False: compare checks every value itself (disco.limits, the engine), so a caller who sends a
+        # string for a slider gets our one-line message, not Gradio's multi-line preprocessing report
         stops.wire(run, stop, compare, inputs, outputs, api_name="compare", concurrency_id="compute",
-                   concurrency_limit=1, show_progress="full", show_progress_on=[run_status])
+                   concurrency_limit=1, show_progress="full", show_progress_on=[run_status], preprocess=False)
         demo.load(loader.status_stream, outputs=[model_status], concurrency_limit=None, api_visibility="private",
                   show_progress="hidden")
         demo.load(loader.machine_stream, outputs=[machine_md, machine_cost, machine_speedup], concurrency_limit=None,
@@ -120,7 +123,9 @@ def build_demo(models: str | None = None) -> gr.Blocks:
 
 
 def launch_kwargs() -> dict:
-    return {"theme": THEME, "css": PAGE_CSS}
+    # show_error: Gradio's own input checks (a slider given "abc") reach the caller as their one-line message
+    # instead of a generic "has raised an exception"; our handlers turn everything else into one line themselves
+    return {"theme": THEME, "css": PAGE_CSS, "show_error": True}
 
 
 if __name__ == "__main__":

@@ -173,6 +173,7 @@ def _load(args):
 
 def cmd_generate(args) -> int:
     from disco.engine import DecodeSettings
+    from disco import limits
     from disco.models import load_pair
     from disco.policies import DEFAULT_STRATEGIES
     from disco.race import build_policies, run_all
@@ -187,13 +188,12 @@ def cmd_generate(args) -> int:
     else:
         raise CliError("give a prompt with --prompt TEXT or --prompt-file PATH")
     strategies = args.strategies or list(DEFAULT_STRATEGIES)
+    # everything that can be checked without the models is checked before loading them (same checks as the app)
+    prompt = limits.check_prompt(prompt)
     settings = DecodeSettings(max_new_tokens=args.max_new_tokens, sample=args.sample, temperature=args.temperature,
-                              top_p=args.top_p, seed=args.seed)
-    # everything that can be checked without the models is checked before loading them
+                              top_p=args.top_p, seed=limits.check_seed(args.seed))
     settings.validate()
     build_policies([s for s in strategies if s.strip() != "auto"] or ["autoregressive"])
-    if not prompt.strip():
-        raise CliError("the prompt is empty")
     _check_writable(args.csv)
     _check_writable(args.tokens_csv)
 

@@ -1310,13 +1310,13 @@ def main(argv: list[str] | None = None) -> int:
         result = run_bench(cfg)
     except (BenchError, InputError, StrategyError, ModelLoadError, ReplayError, PrecisionError,
             cost_mod.CostProfileError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"disco bench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
-        print(f"error: {exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}", file=sys.stderr)
+        print(f"disco bench: error: {exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("error: interrupted (replay tables computed so far are cached; re-run to resume)", file=sys.stderr)
+        print("disco bench: error: interrupted (replay tables computed so far are cached; re-run to resume)", file=sys.stderr)
         return 130
     meta = result["meta"]
     best = meta.get("best", {})

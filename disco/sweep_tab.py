@@ -17,6 +17,7 @@ import gradio as gr
 import pandas as pd
 
 from disco import costs as cost_mod
+from disco import limits
 from disco import plots
 from disco.bench import (
     KINDS, REFERENCE_SETTING, BenchError, best_settings, heatmap_figure, load_suite, pick_prompts, replay_iterations,
@@ -28,6 +29,9 @@ from disco.ui import COMPUTE_LOCK
 DEFAULT_TAUS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 DEFAULT_STATIC = ",".join(str(k) for k in STATIC_KS)
 DEFAULT_KMAXES = ",".join(str(k) for k in KMAXES)
+MAX_SWEEP_TOKENS = 256  # the slider's end
+MAX_FIELD_CHARS = 2000  # a grid field; the settings limit (limits.Budgets) is checked once the grid is built
+KEEP_SWEEP_CSVS = 40  # sweep CSVs kept on disk for downloads (older ones are deleted; Gradio keeps its own copy)
 DETAIL_COLUMNS = ["iteration", "lookahead", "accepted", "emitted", "stop_reason", "min_confidence", "max_lookahead",
                   "draft_ms", "verify_ms", "new_tokens"]
 SUMMARY_COLUMNS = ["strategy", "prompts", "speedup_geomean", "speedup_min", "speedup_max", "acceptance_rate_mean",
@@ -40,6 +44,8 @@ def cache_dir() -> Path:
 
 
 def _numbers(text: str, cast, what: str, lo: float, hi: float) -> list:
+    if len(str(text or "")) > MAX_FIELD_CHARS:
+        raise BenchError(f"{what}: the list is too long ({len(str(text)):,} characters; at most {MAX_FIELD_CHARS})")
     try:
         values = [cast(x) for x in str(text or "").replace(" ", ",").split(",") if x.strip()]
     except ValueError:
@@ -50,13 +56,23 @@ def _numbers(text: str, cast, what: str, lo: float, hi: float) -> list:
     return values
 
 
-def grid_specs(static_ks: str, taus: str, kmaxes: str, heuristic: bool, oracle: bool) -> list[str]:
-    ks = _numbers(static_ks, int, "static K", 1, 64)
+def grid_specs(static_ks: str, taus: str, kmaxes: str, heuristic: bool, oracle: bool, max_lookahead: int = 64) -> list[str]:
+    ks = _numbers(static_ks, int, "static K", 1, max_lookahead)
     ts = _numbers(taus, float, "τ", 0, 1)
-    ms = _numbers(kmaxes, int, "KMAX", 1, 64)
+    ms = _numbers(kmaxes, int, "KMAX", 1, max_lookahead)
     if not ts or not ms:
         raise BenchError("give at least one τ and one KMAX")
     return default_grid(ks, ts, ms, heuristic=(5,) if heuristic else (), oracle=oracle)
+
+
+def csv_path() -> Path:
+    """A fresh file for one sweep update's CSV in one folder, which keeps the newest KEEP_SWEEP_CSVS."""
+    directory = Path(tempfile.gettempdir()) / "disco-sweep"
+    directory.mkdir(parents=True, exist_ok=True)
+    old = sorted(directory.glob("sweep-runs-*.csv"), key=lambda p: p.stat().st_mtime)
+    for path in old[: max(0, len(old) - KEEP_SWEEP_CSVS + 1)]:
+        path.unlink(missing_ok=True)
+    return directory / f"sweep-runs-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 1_000_000_000:09d}.csv"
 
 
 def top_settings(summary: pd.DataFrame, n: int = 12) -> pd.DataFrame:
@@ -136,7 +152,7 @@ def build_sweep_tab(get_pair) -> None:
             with gr.Row():
                 heuristic = gr.Checkbox(True, label="heuristic:5")
                 oracle = gr.Checkbox(True, label="oracle (upper bound)")
-            max_new_tokens = gr.Slider(8, 256, value=48, step=8, label="Max new tokens", elem_id="sweep-max-new-tokens")
+            max_new_tokens = gr.Slider(8, MAX_SWEEP_TOKENS, value=48, step=8, label="Max new tokens", elem_id="sweep-max-new-tokens")
             with gr.Row():
                 cost_profile = gr.Dropdown(list(cost_mod.PRESETS), value=cost_mod.MEASURED, allow_custom_value=True,
                                            label="Cost profile (measured, or flat:C = a GPU-like regime)",
@@ -168,12 +184,23 @@ def build_sweep_tab(get_pair) -> None:
         start = time.perf_counter()
         should_stop = stops.for_request(request)
         try:
+            budgets = limits.Budgets.from_env()
             profile = profile_choice(profile_menu, profile_csv)
-            specs = grid_specs(static_text, tau_text, kmax_text, use_heuristic, use_oracle)
-            picked = [by_id[i] for i in (prompt_ids or []) if i in by_id]
+            specs = grid_specs(static_text, tau_text, kmax_text, use_heuristic, use_oracle, budgets.max_lookahead)
+            if isinstance(prompt_ids, str):
+                prompt_ids = [prompt_ids]
+            unknown = [i for i in (prompt_ids or []) if i not in by_id]
+            if unknown:
+                raise BenchError(f"unknown suite prompt {str(unknown[0])[:80]!r}")
+            picked = [by_id[i] for i in dict.fromkeys(prompt_ids or [])]
             if not picked:
                 raise BenchError("pick at least one prompt")
-            max_new = int(max_new)
+            max_new = limits.as_int(max_new, "max new tokens")
+            if not 8 <= max_new <= MAX_SWEEP_TOKENS:
+                raise BenchError(f"max new tokens must be between 8 and {MAX_SWEEP_TOKENS}, got {max_new}")
+            limits.check_sweep(len(specs), len(picked), max_new, budgets)
+            deadline = limits.Deadline(budgets.run_s)
+            user_stop, should_stop = should_stop, deadline.stop_check(should_stop)
             yield ("Loading the models ...", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
             pair = get_pair() if callable(get_pair) else get_pair
             progress(0.0, desc="starting")
@@ -182,7 +209,7 @@ def build_sweep_tab(get_pair) -> None:
                 for update in sweep(pair, picked, specs, max_new, cache_dir(), cost_profile=profile,
                                     on_progress=lambda f, msg: progress(f, desc=msg), should_stop=should_stop):
                     last = update
-                    path = Path(tempfile.mkdtemp(prefix="disco-sweep-")) / "sweep-runs.csv"
+                    path = csv_path()
                     update.runs.to_csv(path, index=False)
                     best = best_settings(update.summary)
                     strategies = [s for s in specs if s in set(update.summary["strategy"])]
@@ -198,13 +225,14 @@ def build_sweep_tab(get_pair) -> None:
             if should_stop() and (last is None or last.done < last.total):
                 kept = (f"the {last.done} completed prompt(s) above are kept (CSV included)" if last is not None
                         else "no prompt was completed")
-                yield (f"■ **Stopped** after {time.perf_counter() - start:.1f} s: {kept}; press **Run sweep** to "
-                       "go on (completed prompts are cached and replay instantly).",
+                why = f" ({deadline.reason()})" if deadline.hit and not user_stop() else ""
+                yield (f"■ **Stopped** after {time.perf_counter() - start:.1f} s{why}: {kept}; press **Run sweep** "
+                       "to go on (completed prompts are cached and replay instantly).",
                        gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
             elif last is None:
                 yield ("Nothing was replayed.", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
         except (BenchError, ValueError, RuntimeError) as exc:
-            yield (f"⚠ {exc}", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+            yield (f"⚠ {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
 
     def show_detail(spec, prompt_id, st):
         if not spec or not prompt_id or not st:

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 import gradio as gr
 import pandas as pd
 
-from disco import divergence, plots
+from disco import divergence, limits, plots
 from disco.engine import DecodeSettings, InputError, Interrupted
 from disco.models import ModelLoadError, load_pair, resolve_assistant
 from disco.policies import STRATEGY_KINDS, StrategyError
@@ -89,24 +89,8 @@ def _fmt(x: float) -> str:
     return f"{round(float(x), 4):g}"
 
 
-def _as_int(value, what: str) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{what} must be a number, got {value!r}") from None
-    if not math.isfinite(number) or number != round(number):
-        raise InputError(f"{what} must be a whole number, got {value!r}")
-    return int(round(number))
-
-
-def _as_float(value, what: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{what} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise InputError(f"{what} must be a finite number, got {value!r}")
-    return number
+_as_int = limits.as_int
+_as_float = limits.as_float
 
 
 def lane_spec(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
@@ -168,9 +152,7 @@ def lane_strategies(lane_a: str, lane_b: str, k, threshold, max_lookahead, basel
 
 def decode_settings(max_new_tokens=DEFAULTS.max_new_tokens, sample=DEFAULTS.sample, temperature=DEFAULTS.temperature,
                     top_p=DEFAULTS.top_p, seed=DEFAULTS.seed) -> DecodeSettings:
-    seed = 0 if seed is None or seed == "" else _as_int(seed, "seed")
-    if not 0 <= seed < 2**63:
-        raise InputError(f"seed must be between 0 and 2**63 - 1, got {seed}")
+    seed = limits.check_seed(seed)
     settings = DecodeSettings(
         max_new_tokens=_as_int(max_new_tokens, "max new tokens"), sample=bool(sample),
         temperature=_as_float(temperature, "temperature"), top_p=_as_float(top_p, "top-p"), seed=seed,
@@ -494,8 +476,9 @@ def _status(snapshot, summaries: list[dict], wall: float, final: bool, notes: li
             f"prompt {meta.get('prompt_tokens', '?')} tokens · {mode}"
     progress = " · ".join(f"`{s}` {by[s]['new_tokens']}/{snapshot.settings.max_new_tokens}" for s in snapshot.strategies)
     if stopped:
-        return (f"■ **Stopped** after {wall:.1f} s · {progress} · the partial trace is in the CSV files below; press "
-                f"**Run** to start again  \n<small>{where}</small>")
+        why = "".join(f" · {n}" for n in notes if "time budget" in n)
+        return (f"■ **Stopped** after {wall:.1f} s · {progress}{why} · the partial trace is in the CSV files below; "
+                f"press **Run** to start again  \n<small>{where}</small>")
     if not final:
         return f"● **Running** ({wall:.1f} s) · {progress}  \n<small>{where}</small>"
     parts = []
@@ -575,10 +558,14 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
             auto_spec = (getattr(prof, "recommended", None) or {}).get("auto")
         strategies, notes = lane_strategies(lane_a, lane_b, k, threshold, max_lookahead, baseline,
                                             (lane_a_assistant, lane_b_assistant), auto_spec)
-        build_policies(strategies)  # parse every spec now: a typo fails before anything runs
+        budgets = limits.Budgets.from_env()
+        prompt = limits.check_prompt(prompt)
+        # parse every spec now: a typo fails before anything runs; typed specs get the sliders' ranges
+        limits.check_lookahead(build_policies(strategies), budgets.max_lookahead)
         settings = decode_settings(max_new_tokens, sample, temperature, top_p, seed)
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise InputError("the prompt is empty: type one or pick an example")
+        if settings.max_new_tokens > budgets.max_new_tokens:
+            raise InputError(f"max new tokens {settings.max_new_tokens} is over this app's limit of "
+                             f"{budgets.max_new_tokens} (DISCO_MAX_NEW_TOKENS)")
     except USER_ERRORS as exc:
         raise gr.Error(str(exc), print_exception=False) from None
     for note in notes:
@@ -589,6 +576,8 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
                  waiting + "…", "waiting for the first iteration…")
 
     holder: list = [None]
+    deadline = limits.Deadline(budgets.run_s)
+    user_stop, should_stop = should_stop, deadline.stop_check(should_stop)
     try:
         pair = get_pair() if callable(get_pair) else get_pair
         decode = getattr(pair, "decode", None)
@@ -606,10 +595,14 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise gr.Error(f"the run failed: {type(exc).__name__}: {first}") from None
     snapshot = holder[0]  # the last completed step (a Stop mid-iteration keeps every completed one)
-    stopped = should_stop is not None and (snapshot is None or not snapshot.finished) and should_stop()
+    stopped = (snapshot is None or not snapshot.finished) and should_stop()
+    if stopped and deadline.hit and not (user_stop is not None and user_stop()):
+        notes = notes + [deadline.reason()]
     if snapshot is None and stopped:
+        why = f" ({notes[-1]})" if deadline.hit else ""
         yield _blank(f"■ **Stopped** after {time.perf_counter() - start:.1f} s, before any lane finished an "
-                     "iteration; press **Run** to start again", strategies, "stopped", "stopped before the first iteration")
+                     f"iteration{why}; press **Run** to start again", strategies, "stopped",
+                     "stopped before the first iteration")
         return
     if snapshot is None:
         raise gr.Error("the run produced no iterations")

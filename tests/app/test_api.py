@@ -59,7 +59,7 @@ def test_compare_with_keywords_and_bad_input(client):
     assert set(trace["strategy"]) == {"heuristic:5", "threshold:0.75:6"}
     with pytest.raises(Exception, match="prompt is empty"):
         client.predict("  ", api_name="/compare")
-    with pytest.raises(Exception, match="less than minimum"):  # Gradio's own slider check
+    with pytest.raises(Exception, match="K must be between 1 and 128"):  # compare checks its own inputs
         client.predict("abc", k=0, api_name="/compare")
     with pytest.raises(Exception, match="between 1 and 128"):  # the engine's StrategyError, as gr.Error
         client.predict("abc", lane_a="static:999", api_name="/compare")

@@ -119,11 +119,11 @@ def test_errors_are_one_line_and_exit_2(argv, needle, capsys, tmp_path):
     code = bench.main(argv + ["--out", str(tmp_path / "out"), "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2
-    assert len(err.splitlines()) == 1 and err.startswith("error:") and needle in err
+    assert len(err.splitlines()) == 1 and err.startswith("disco bench: error:") and needle in err
 
 
 def test_module_entry_point_runs_on_its_own():
     proc = subprocess.run([sys.executable, "-m", "disco.bench", "--mode", "sideways"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("error:") and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.strip().startswith("disco bench: error:") and len(proc.stderr.strip().splitlines()) == 1
