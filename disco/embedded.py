@@ -16,6 +16,8 @@ leaves a folder that ``is_ready()`` accepts.
 
 from __future__ import annotations
 
+import base64
+import errno
 import fcntl
 import hashlib
 import importlib.metadata
@@ -200,6 +202,41 @@ def locate_parts(role: str, table: Mapping[str, ModelSpec] | None = None) -> lis
             f"{lines}\nFix: {fix}"
         )
     return paths
+
+
+def _record_entry(spec: ModelSpec, index: int):
+    """The wheel's RECORD entry (size, sha256) for part ``index``, or None if the install has no record of it."""
+    try:
+        dist = importlib.metadata.distribution(spec.dists[index - 1])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    rel = f"{spec.module(index)}/{spec.part_file(index)}"
+    return next((f for f in dist.files or [] if str(f).replace("\\", "/") == rel), None)
+
+
+def damaged_parts(spec: ModelSpec, parts: Sequence[Path], hashes: bool = False) -> list[str]:
+    """Data packages whose part file differs from what their wheel recorded at install time: by size (cheap),
+    and by sha256 with ``hashes`` (reads every part once). Parts without a record are not judged."""
+    bad = []
+    for index, path in enumerate(parts, start=1):
+        entry = _record_entry(spec, index)
+        if entry is None:
+            continue
+        try:
+            size = Path(path).stat().st_size
+        except OSError:
+            bad.append(spec.dists[index - 1])
+            continue
+        if entry.size is not None and size != entry.size:
+            bad.append(spec.dists[index - 1])
+        elif hashes and entry.hash is not None and entry.hash.mode == "sha256":
+            digest = hashlib.sha256()
+            with open(path, "rb") as src:
+                while chunk := src.read(CHUNK_SIZE):
+                    digest.update(chunk)
+            if base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode() != entry.hash.value:
+                bad.append(spec.dists[index - 1])
+    return bad
 
 
 # --------------------------------------------------------------------------- joining
@@ -428,11 +465,21 @@ def _prepare_role(spec: ModelSpec, parts: Sequence[Path], cache: Path, progress:
     role = spec.role
     _check_free_space(cache, spec)
     gguf = cache / GGUF_SUBDIR / spec.gguf_name
+    damaged = damaged_parts(spec, parts)
+    if damaged:  # name the damaged package(s), not all of them
+        raise _corrupt(f"{', '.join(damaged)}: size differs from what pip installed", [spec.pip_spec(d) for d in damaged])
     try:
         log(f"[disco] {role}: joining {len(parts)} parts ({spec.size / 1e9:.2f} GB) and checking sha256 ...")
         t0 = time.monotonic()
-        join_parts(parts, gguf, spec.size, spec.sha256, progress=progress,
-                   packages=[spec.pip_spec(d) for d in spec.dists])
+        try:
+            join_parts(parts, gguf, spec.size, spec.sha256, progress=progress,
+                       packages=[spec.pip_spec(d) for d in spec.dists])
+        except EmbeddedError:
+            damaged = damaged_parts(spec, parts, hashes=True)
+            if not damaged:
+                raise
+            raise _corrupt(f"{', '.join(damaged)}: bytes differ from what pip installed",
+                           [spec.pip_spec(d) for d in damaged]) from None
         log(f"[disco] {role}: joined and verified in {time.monotonic() - t0:.1f} s")
 
         log(f"[disco] {role}: converting {spec.hub_id} to {SAVE_DTYPE} safetensors (about a minute) ...")
@@ -477,18 +524,34 @@ def prepare(
         return folders
 
     started = time.monotonic()
-    with _locked(cache, log):
-        _sweep_stale(cache, log)
-        # Re-check under the lock: another process may have finished some roles meanwhile.
-        todo = [role for role in table if not is_ready(folders[role], role, table)]
-        for role in table:
-            if role not in todo:
-                log(f"[disco] {role}: ready at {folders[role]}")
-        parts = _locate_all(todo, table)  # fail before any slow work if a package is missing
-        for role in todo:
-            _prepare_role(table[role], parts[role], cache, progress, log)
+    try:
+        with _locked(cache, log):
+            _sweep_stale(cache, log)
+            # Re-check under the lock: another process may have finished some roles meanwhile.
+            todo = [role for role in table if not is_ready(folders[role], role, table)]
+            for role in table:
+                if role not in todo:
+                    log(f"[disco] {role}: ready at {folders[role]}")
+            parts = _locate_all(todo, table)  # fail before any slow work if a package is missing
+            for role in todo:
+                _prepare_role(table[role], parts[role], cache, progress, log)
+    except OSError as exc:
+        raise _cache_error(cache, exc) from None
     log(f"[disco] models ready in {cache} ({time.monotonic() - started:.1f} s)")
     return folders
+
+
+def _cache_error(cache: Path, exc: OSError) -> EmbeddedError:
+    """An OSError while preparing the cache, as one message with the path and what to do."""
+    where = exc.filename or cache
+    if exc.errno == errno.ENOSPC:
+        return EmbeddedError(f"the disk is full while writing {where} (model cache {cache}): free some space or set "
+                             "DISCO_CACHE to a folder on a disk with about 5 GB free")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return EmbeddedError(f"cannot write the model cache {cache} ({exc.strerror} at {where}): set DISCO_CACHE to a "
+                             "writable folder")
+    return EmbeddedError(f"cannot prepare the model cache {cache}: {exc.strerror or exc} at {where} (set DISCO_CACHE "
+                         "to use another folder)")
 
 
 def _locate_all(roles: Sequence[str], table: Mapping[str, ModelSpec]) -> dict[str, list[Path]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import errno
 import hashlib
 import json
 import sys
@@ -34,6 +36,10 @@ def install_fake_dist(site: Path, dist: str, module: str, index: int, data: byte
     (pkg / "__init__.py").write_text(POISON_INIT)
     if data is not None:
         (pkg / "data" / f"part{index:02d}.bin").write_bytes(data)
+        # pip's RECORD: path, urlsafe-b64 sha256 without padding, size
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        (info / "RECORD").write_text(f"{module}/data/part{index:02d}.bin,sha256={digest},{len(data)}\n"
+                                     f"{module}/__init__.py,,\n")
 
 
 def make_role(site: Path, role: str, n_parts: int, skip: tuple[int, ...] = ()) -> tuple[ModelSpec, bytes]:
@@ -313,3 +319,43 @@ def test_cache_dir_default_and_dir_size(tmp_path, monkeypatch):
     (tmp_path / "d" / "e" / "b").write_bytes(b"45")
     assert embedded.dir_size(tmp_path / "d") == 5
     assert embedded.dir_size(tmp_path / "missing") == 0
+
+
+# --------------------------------------------------------------------------- errors with advice
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_part_names_only_its_package(fake_roles, tmp_path, monkeypatch, damage):
+    table, _ = fake_roles
+    monkeypatch.setattr(embedded, "_export_bf16", FakeExport())
+    part = embedded.locate_parts("target")[4]
+    raw = bytearray(part.read_bytes())
+    if damage == "flip":
+        raw[3] ^= 0xFF
+    else:
+        raw = raw[:-1]
+    part.write_bytes(raw)
+    with pytest.raises(EmbeddedError) as err:
+        embedded.prepare(tmp_path / "cache", progress=False, log=quiet)
+    message = str(err.value)
+    spec = table["target"]
+    assert spec.dists[4] in message and "--force-reinstall " + spec.pip_spec(spec.dists[4]) in message
+    assert spec.dists[3] not in message and spec.dists[5] not in message
+    assert embedded.damaged_parts(spec, embedded.locate_parts("target"), hashes=True) == [spec.dists[4]]
+
+
+@pytest.mark.parametrize("error,needle", [
+    (OSError(errno.ENOSPC, "No space left on device", "/c/gguf/target.gguf.partial"), "the disk is full"),
+    (PermissionError(errno.EACCES, "Permission denied", "/c/.lock"), "cannot write the model cache"),
+    (OSError(errno.EROFS, "Read-only file system", "/c/.lock"), "cannot write the model cache"),
+])
+def test_cache_errors_name_the_path_and_disco_cache(fake_roles, tmp_path, monkeypatch, error, needle):
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(embedded, "join_parts", fail)
+    with pytest.raises(EmbeddedError) as err:
+        embedded.prepare(tmp_path / "cache", progress=False, log=quiet)
+    message = str(err.value)
+    assert needle in message and "DISCO_CACHE" in message and error.filename in message
+    assert str(tmp_path / "cache") in message and "\n" not in message
