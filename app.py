@@ -10,7 +10,7 @@ import os
 
 import gradio as gr
 
-from disco import plots, ui
+from disco import limits, plots, ui, zerogpu
 
 THEME = gr.themes.Soft(primary_hue="orange", neutral_hue="slate")
 PAGE_CSS = ".gradio-container { max-width: 1600px !important; } #disco-status p { margin: 0; }"
@@ -30,6 +30,9 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                               should_stop=stops.for_request(request), get_profile=loader.get_profile)
 
     # Gradio copies every returned file into its cache: delete copies older than an hour, checked every 10 min
+    budgets = limits.Budgets.from_env()
+    compare = zerogpu.gpu(compare, budgets.run_s)  # a no-op off a ZeroGPU Space
+
     with gr.Blocks(title="DISCO Lab: dynamic speculation lookahead", delete_cache=(600, 3600)) as demo:
         gr.Markdown("# DISCO Lab\nSpeculative decoding with a **static** and a **dynamic** (confidence-thresholded) "
                     "speculation lookahead, racing side by side against the target model alone.")

@@ -17,8 +17,7 @@ import gradio as gr
 import pandas as pd
 
 from disco import costs as cost_mod
-from disco import limits
-from disco import plots
+from disco import limits, plots, zerogpu
 from disco.bench import (
     KINDS, REFERENCE_SETTING, BenchError, best_settings, heatmap_figure, load_suite, pick_prompts, replay_iterations,
     sweep,
@@ -233,6 +232,8 @@ def build_sweep_tab(get_pair) -> None:
                 yield ("Nothing was replayed.", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
         except (BenchError, ValueError, RuntimeError) as exc:
             yield (f"⚠ {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+
+    run_sweep = zerogpu.gpu(run_sweep, limits.Budgets.from_env().run_s)  # a no-op off a ZeroGPU Space
 
     def show_detail(spec, prompt_id, st):
         if not spec or not prompt_id or not st:
