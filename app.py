@@ -78,7 +78,9 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                     with gr.Row():
                         run = gr.Button("▶ Run", variant="primary", elem_id="run")
                         stop = gr.Button(ui.STOP_LABEL, variant="stop", elem_id="stop")
-            run_status = gr.Markdown("Ready: press **Run**.", elem_id="run-status", min_height=48)
+            run_status = gr.Markdown(f"Ready: press **Run**. <small>This app's {budgets.words()} "
+                                     "(runs take turns; a queued run shows its position).</small>",
+                                     elem_id="run-status", min_height=48)
             lanes = gr.HTML(ui.empty_lanes_html(), css_template=ui.LANES_CSS, js_on_load=None, elem_id="lanes")
             with gr.Row():
                 race_plot = gr.Plot(plots.empty_figure(plots.RACE_TITLE), show_label=False, elem_id="plot-race")
