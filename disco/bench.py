@@ -34,6 +34,8 @@ from disco.engine import Interrupted
 from disco.policies import Oracle, StrategyError, parse_strategy
 from disco import costs as cost_mod
 from disco.costs import CostModel, cached_costs
+from disco.divergence import explain as explain_divergence
+from disco.divergence import short as divergence_short
 from disco.replay import AUTOREGRESSIVE, KMAXES, STATIC_KS, TAUS, ReplayError, build_table, default_grid, replay_many
 from disco.trace import iterations_frame, summarize, theory_speedup, theory_tokens_per_iteration
 
@@ -265,7 +267,8 @@ def run_ours(pair, prompt_ids: list[int], spec: str, max_new_tokens: int, refere
     summary = summarize(spec, iterations_frame(decoder.records))
     summary["decode_seconds"] = summary["seconds"] - summary["ttft_ms"] / 1000.0  # after the first iteration
     summary["seconds"] = seconds  # wall time of the whole call, as for the peer
-    return {"summary": summary, "output_ids": decoder.output_ids, "records": decoder.records}
+    return {"summary": summary, "output_ids": decoder.output_ids, "records": decoder.records, "tokens": decoder.tokens,
+            "dtype": pair.dtype_name}
 
 
 def run_hf(pair, prompt_ids: list[int], spec: str, max_new_tokens: int) -> dict:
@@ -365,8 +368,12 @@ def timed_prompt(pair, prompt: SuitePrompt, specs: list[str], max_new_tokens: in
         if impl == "ours":
             s = dict(first["summary"], seconds=seconds,
                      decode_seconds=statistics.median(r["summary"]["decode_seconds"] for r in runs))
+            div = None
+            if identical is False and base["ours"]:  # explained from both runs' own logits (disco.divergence)
+                div = explain_divergence(base["ours"][0]["tokens"], first["tokens"], first["dtype"])
             rows.append(_row(prompt, spec, "timed", "ours", s, identical, ar_seconds, meta,
-                             prompt_tokens=len(ids), reps=len(runs)))
+                             prompt_tokens=len(ids), reps=len(runs),
+                             divergence=div["kind"] if div else "", divergence_detail=divergence_short(div)))
         else:
             ours_out = measured.get(("ours", spec), [{}])[0].get("output_ids")
             new_tokens = len(first["output_ids"])
@@ -401,6 +408,15 @@ def add_decode_speedup(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
+def _divergence_counts(rows: pd.DataFrame) -> str:
+    """``near-tie 2, mismatch 0``-style counts of the explained divergences among ``rows`` ('' when none)."""
+    if "divergence" not in rows:
+        return ""
+    kinds = rows["divergence"].dropna().astype(str)
+    counts = kinds[kinds != ""].value_counts()
+    return ", ".join(f"{k} {n}" for k, n in counts.items())
+
+
 def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """Per mode x strategy x kind ("all" + each kind): geometric-mean speed-up with its spread."""
     out = []
@@ -421,6 +437,7 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
                 "acceptance_rate_mean": float(pd.to_numeric(rows["acceptance_rate"], errors="coerce").mean()),
                 "mean_lookahead_mean": float(pd.to_numeric(rows["mean_lookahead"], errors="coerce").mean()),
                 "all_identical": bool(ident.dropna().astype(bool).all()) if ident.notna().any() else None,
+                "divergences": _divergence_counts(rows),
                 "overhead_pct_mean": float(pd.to_numeric(rows["overhead_pct"], errors="coerce").mean()),
             })
     return pd.DataFrame(out)
@@ -600,6 +617,7 @@ def validation_frame(runs: pd.DataFrame) -> pd.DataFrame:
             "time_error_pct": 100.0 * (float(p["seconds"]) - float(t["seconds"])) / float(t["seconds"]),
             "exact": int(p["iterations"]) == int(t["iterations"]) and int(p["target_passes"]) == int(t["target_passes"]),
             "identical_to_autoregressive": t["identical_to_autoregressive"],
+            "divergence": t.get("divergence_detail", "") if isinstance(t.get("divergence_detail", ""), str) else "",
         })
     return pd.DataFrame(rows)
 
@@ -667,6 +685,12 @@ def _md_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _identical_cell(row) -> str:
+    cell = _fmt(row.identical_to_autoregressive)
+    detail = getattr(row, "divergence", "")
+    return f"{cell} ({detail})" if detail and isinstance(detail, str) else cell
 
 
 def _cost_sentence(meta: dict) -> str:
@@ -810,9 +834,15 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
         rows = [[r.prompt_id, f"`{r.strategy}`", f"{r.iterations_predicted} / {r.iterations_measured}",
                  f"{r.target_passes_predicted} / {r.target_passes_measured}",
                  f"{r.seconds_predicted:.2f} / {r.seconds_measured:.2f}", f"{r.time_error_pct:+.1f}",
-                 _fmt(r.identical_to_autoregressive)] for r in val.itertuples()]
+                 _identical_cell(r)] for r in val.itertuples()]
         parts.append(_md_table(["prompt", "strategy", "iterations pred / meas", "target passes pred / meas",
                                 "seconds pred / meas", "error %", "identical"], rows))
+        if not validation["counts_ok"] and str(meta.get("dtype")) == "bf16":
+            parts += ["", "In bf16, counts can differ while the text stays identical: the assistant's bf16 logits "
+                      "depend on how its cache was built (one token at a time in a live run, a chain from the "
+                      "table's prefix in replay), so a near-tied draft token can differ and an iteration accepts "
+                      "one token more or less. The target decides the text, which is why it does not change. In "
+                      "fp32, replay matches the engine exactly (tests/unit/test_replay.py)."]
     parts += ["", f"Wall time of this benchmark: {_fmt(meta.get('wall_seconds'), '.0f')} s.", ""]
     return "\n".join(parts)
 

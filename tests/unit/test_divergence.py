@@ -127,3 +127,25 @@ def test_the_oracle_rederives_its_reference_after_a_forced_divergence(tiny_pair)
     assert by["oracle:8"]["target_calls"] <= by["static:3"]["target_calls"]
     if not by["oracle:8"]["identical_to_autoregressive"]:
         assert oracle.reference_rederived >= 1
+
+
+def test_bench_timed_rows_and_report_carry_the_divergence(tiny_pair):
+    """The benchmark's timed runs explain a divergence like the CLI and the app do (runs.csv, summary, report)."""
+    import pandas as pd
+
+    from disco import bench
+
+    prompt = bench.SuitePrompt(id="forced", kind="code", prompt=PROMPT, chat=False)
+    prompt_len = len(tiny_pair.encode(PROMPT, False))
+    meta = bench.environment(tiny_pair)
+    meta["max_new_tokens"] = 24
+    with forced_choice(tiny_pair, 6, prompt_len, "ulp", "ulp"):
+        rows, _ = bench.timed_prompt(tiny_pair, prompt, ["autoregressive", "static:4"], 24, meta, peer=False)
+    by = {r["strategy"]: r for r in rows}
+    assert by["static:4"]["identical_to_autoregressive"] is False
+    assert by["static:4"]["divergence"] == divergence.NEAR_TIE
+    assert "near-tie at token 6" in by["static:4"]["divergence_detail"]
+    assert by["autoregressive"]["divergence"] == ""
+    summary = bench.summarize_runs(pd.DataFrame(rows))
+    row = summary[(summary["strategy"] == "static:4") & (summary["kind"] == "all")].iloc[0]
+    assert row["divergences"] == "near-tie 1" and not row["all_identical"]
