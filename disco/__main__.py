@@ -106,7 +106,8 @@ def resolve_strategies(strategies: list[str], pair, models: str) -> list[str]:
     except profile.ProfileError as exc:
         raise CliError(str(exc)) from None
     _log(f"auto = {best} (this machine's profile, {prof.measured_at})")
-    return [best if s.strip() == "auto" else s for s in strategies]
+    resolved = [best if s.strip() == "auto" else s for s in strategies]
+    return list(dict.fromkeys(resolved))  # auto = autoregressive where speculation does not pay: run it once
 
 
 def _clean(value):
@@ -276,6 +277,8 @@ def print_profile(prof, out=None) -> None:
     if "auto" in rec:
         verdict = "speculation pays here" if rec.get("speculation_pays") else "speculation does not pay here"
         w(f"\nrecommended (the `auto` lane): {rec['auto']}  {rec['auto_speedup']:.2f}x ({verdict})")
+        if not rec.get("speculation_pays") and rec.get("best_speculative"):
+            w(f"best speculative setting: {rec['best_speculative']}  {rec['best_speculative_speedup']:.2f}x")
 
 
 REF_LABEL = "threshold:0.4:20"

@@ -838,11 +838,12 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
         parts.append(_md_table(["prompt", "strategy", "iterations pred / meas", "target passes pred / meas",
                                 "seconds pred / meas", "error %", "identical"], rows))
         if not validation["counts_ok"] and str(meta.get("dtype")) == "bf16":
-            parts += ["", "In bf16, counts can differ while the text stays identical: the assistant's bf16 logits "
-                      "depend on how its cache was built (one token at a time in a live run, a chain from the "
-                      "table's prefix in replay), so a near-tied draft token can differ and an iteration accepts "
-                      "one token more or less. The target decides the text, which is why it does not change. In "
-                      "fp32, replay matches the engine exactly (tests/unit/test_replay.py)."]
+            parts += ["", "In bf16, counts can differ while the text stays identical: the assistant's logits depend "
+                      "on how it is fed (a live run feeds it on top of its own cache, replay's table computes each "
+                      "chain from a prefix; an int8 assistant's dynamic activation scales also depend on the tokens "
+                      "in each call), so a near-tied draft token can differ and an iteration accepts one token more "
+                      "or less. The target decides the text, which is why it does not change. In fp32, replay "
+                      "matches the engine exactly (tests/unit/test_replay.py)."]
     parts += ["", f"Wall time of this benchmark: {_fmt(meta.get('wall_seconds'), '.0f')} s.", ""]
     return "\n".join(parts)
 

@@ -58,4 +58,8 @@ def markdown(profile: dict | None, calibration: dict | None, step: str | None, e
                  f"autoregressive by exact replay of {', '.join(profile['prompts'])} ({profile['max_new_tokens']} "
                  f"tokens each, geomean; {verdict}). Measured {profile['measured_at']} in {profile['seconds']:.0f} s; "
                  "`python -m disco profile --refresh` measures again.")
+    if not rec.get("speculation_pays") and rec.get("best_speculative"):
+        parts.append(f"The best speculative setting, `{rec['best_speculative']}`, reaches "
+                     f"{_x(rec.get('best_speculative_speedup'))}: on this machine verifying each extra token costs "
+                     "almost as much as a target step (see the chart), so the `auto` lane runs the target alone.")
     return "\n\n".join(parts)

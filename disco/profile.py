@@ -123,8 +123,11 @@ class Profile:
                 if overall is None or value > overall[1]:
                     overall = (f"{spec}@{p}", value)
         if overall is not None:
-            out["auto"], out["auto_speedup"] = overall
-            out["speculation_pays"] = overall[1] > 1.0
+            # where no speculative setting beats the target alone, the recommendation is the target alone
+            pays = overall[1] > 1.0
+            out["best_speculative"], out["best_speculative_speedup"] = overall
+            out["auto"], out["auto_speedup"] = overall if pays else ("autoregressive", 1.0)
+            out["speculation_pays"] = pays
         return out
 
     # -- serialisation ----------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def lane_spec(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_lookahe
             raise InputError("the 'auto' lane needs this machine's profile, which is still being measured "
                              "(see the This machine tab); pick another policy meanwhile")
         spec = auto_spec
-        if assistant != DEFAULT_ASSISTANT:  # the lane's menu overrides the recommended assistant
+        if assistant != DEFAULT_ASSISTANT and spec != AUTOREGRESSIVE:  # the lane's menu overrides its assistant
             spec = spec.split("@", 1)[0] + "@" + assistant
         return spec
     spec = kind if ":" in kind else _template_spec(kind, k, threshold, max_lookahead)

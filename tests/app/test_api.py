@@ -92,4 +92,5 @@ def test_the_auto_lane_runs_the_machine_profile_recommendation(client):
             time.sleep(1.0)
     trace = pd.read_csv(result[-2])
     auto = [s for s in set(trace["strategy"]) if s not in ("autoregressive", "static:5")]
-    assert len(auto) == 1 and "@" in auto[0]
+    # the recommendation, or the target alone where no speculative setting beat it (then it runs once)
+    assert (len(auto) == 1 and "@" in auto[0]) or (auto == [] and "auto = autoregressive" in result[0])

@@ -72,6 +72,10 @@ def test_lane_assistants_and_the_auto_lane():
     assert ui.lane_spec("auto", assistant="model", auto_spec="threshold:0.3:10@int8") == "threshold:0.3:10@model"
     with pytest.raises(InputError, match="still being measured"):
         ui.lane_spec("auto", auto_spec=None)
+    # where speculation does not pay, auto is the target alone: it joins the baseline instead of doubling it
+    assert ui.lane_spec("auto", assistant="int8", auto_spec="autoregressive") == "autoregressive"
+    strategies, notes = ui.lane_strategies("auto", "static", 5, 0.4, 20, True, auto_spec="autoregressive")
+    assert strategies == ["autoregressive", "static:5"] and "auto = autoregressive" in notes[0]
     with pytest.raises(InputError, match="unknown assistant"):
         ui.lane_spec("static", assistant="fp8")
     # the same policy with both assistants: two lanes, side by side

@@ -183,7 +183,10 @@ def test_profile_json_and_csv_then_auto_lane(tmp_path):
                "auto", "--max-new-tokens", "8", "--json")
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert rows[1]["strategy"] == data["recommended"]["auto"] and rows[1]["identical_to_autoregressive"] is True
+    if data["recommended"]["auto"] == "autoregressive":  # speculation does not pay: the target alone, run once
+        assert [r["strategy"] for r in rows] == ["autoregressive"]
+    else:
+        assert rows[1]["strategy"] == data["recommended"]["auto"] and rows[1]["identical_to_autoregressive"] is True
 
 
 @pytest.mark.parametrize("args,message", [

@@ -34,11 +34,27 @@ def test_profile_schema_and_round_trip(tiny_profile):
 
 def test_recommendation_is_a_runnable_lane(tiny_profile):
     rec = tiny_profile.recommended
-    policy = parse_strategy(rec["auto"])
+    policy = parse_strategy(rec["best_speculative"])
     assert policy.assistant_precision in ("model", "int8") and policy.kind in ("static", "threshold")
     best = max(v for p in tiny_profile.replay.values() for s, v in p.items() if s != "autoregressive")
-    assert rec["auto_speedup"] == pytest.approx(best)
+    assert rec["best_speculative_speedup"] == pytest.approx(best)
+    if rec["speculation_pays"]:
+        assert rec["auto"] == rec["best_speculative"] and rec["auto_speedup"] == pytest.approx(best)
+    else:
+        assert rec["auto"] == "autoregressive" and rec["auto_speedup"] == 1.0
     assert profile.resolve_auto("auto", tiny_profile) == rec["auto"]
+
+
+def test_where_speculation_loses_the_recommendation_is_the_target_alone(tiny_profile):
+    import dataclasses
+
+    losing = {p: {s: (0.9 if s != "autoregressive" else 1.0) for s in t} for p, t in tiny_profile.replay.items()}
+    winning = {p: {s: (1.2 if s == "static:2" else 0.9) for s in t} for p, t in tiny_profile.replay.items()}
+    rec = dataclasses.replace(tiny_profile, replay=losing).recommend()
+    assert rec["auto"] == "autoregressive" and rec["auto_speedup"] == 1.0 and rec["speculation_pays"] is False
+    assert rec["best_speculative_speedup"] == pytest.approx(0.9)
+    rec = dataclasses.replace(tiny_profile, replay=winning).recommend()
+    assert rec["auto"].startswith("static:2@") and rec["speculation_pays"] is True
     for p, entry in rec["by_precision"].items():
         assert entry["static_speedup"] == max(v for s, v in tiny_profile.replay[p].items() if s.startswith("static:"))
 
