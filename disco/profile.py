@@ -195,7 +195,7 @@ def _prefill_ms(model, device, ids: list[int], reps: int) -> float:
 
 
 def suite_prompts(ids=DEFAULT_PROMPTS):
-    from disco.bench import load_suite
+    from disco.suite import load_suite
 
     suite = {p.id: p for p in load_suite()}
     missing = [i for i in ids if i not in suite]

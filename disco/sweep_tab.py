@@ -1,7 +1,7 @@
 """The app's Sweep tab: replay a grid of lookahead settings on suite prompts and watch the heatmap fill in.
 
 ``build_sweep_tab(get_pair)`` is called by app.py inside an open ``gr.Tab``. All the work is done by
-``disco.bench.sweep`` (exact greedy replay, see disco/replay.py); this file only wires widgets.
+``disco.sweep_service.sweep`` (exact greedy replay, see disco/replay.py); this file only wires widgets.
 A heatmap cell is chosen with the "Setting" dropdown (Gradio 6's ``gr.Plot`` has no click event).
 """
 
@@ -18,10 +18,10 @@ import pandas as pd
 
 from disco import costs as cost_mod
 from disco import limits, plots, zerogpu
-from disco.bench import (
-    KINDS, REFERENCE_SETTING, BenchError, best_settings, heatmap_figure, load_suite, pick_prompts, replay_iterations,
-    sweep,
-)
+from disco.analysis import REFERENCE_SETTING, best_settings
+from disco.heatmap import heatmap_figure
+from disco.suite import KINDS, BenchError, load_suite, pick_prompts
+from disco.sweep_service import replay_iterations, sweep
 from disco.replay import AUTOREGRESSIVE, KMAXES, STATIC_KS, default_grid
 from disco.ui import COMPUTE_LOCK
 

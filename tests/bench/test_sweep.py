@@ -1,11 +1,12 @@
-"""The Sweep tab's engine (``bench.sweep``) and its endpoint: growing results, exact replay, Stop."""
+"""The Sweep tab's engine (``sweep_service.sweep``) and its endpoint: growing results, exact replay, Stop."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from disco import bench, sweep_tab
+from disco import suite, sweep_service, sweep_tab
+from disco.suite import BenchError
 from disco.engine import DecodeSettings
 from disco.race import run_all
 
@@ -15,11 +16,11 @@ MAX_NEW = 12
 
 @pytest.fixture(scope="module")
 def prompts():
-    return bench.pick_prompts(bench.load_suite(), 2)
+    return suite.pick_prompts(suite.load_suite(), 2)
 
 
 def test_sweep_grows_one_prompt_at_a_time_and_matches_real_decoding(tiny_pair, prompts, tmp_path):
-    updates = list(bench.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path))
+    updates = list(sweep_service.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path))
     assert [u.done for u in updates] == [1, 2] and all(u.total == 2 for u in updates)
     runs = updates[-1].runs
     assert len(runs) == 2 * (1 + len(SPECS))  # the autoregressive baseline is always replayed
@@ -44,7 +45,7 @@ def test_stop_drops_the_prompt_in_progress_and_keeps_completed_ones(tiny_pair, p
         return state["done"] >= (0 if when == "first" else 1)
 
     updates = []
-    for update in bench.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path, should_stop=should_stop):
+    for update in sweep_service.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path, should_stop=should_stop):
         updates.append(update)
         state["done"] = update.done
     expected = 0 if when == "first" else 1
@@ -54,7 +55,7 @@ def test_stop_drops_the_prompt_in_progress_and_keeps_completed_ones(tiny_pair, p
     # the dropped prompt left no table behind; a later sweep computes it afresh and completes
     tables = [f for f in tmp_path.glob("*.json") if f.name.startswith(tuple(p.id for p in prompts))]
     assert len(tables) == expected
-    again = list(bench.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path))
+    again = list(sweep_service.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path))
     assert again[-1].done == 2
 
 
@@ -62,7 +63,7 @@ def test_grid_text_is_checked():
     assert sweep_tab.grid_specs("1, 3", "0.4", "20", heuristic=False, oracle=False) == \
         ["autoregressive", "static:1", "static:3", "threshold:0.4:20"]
     for bad in (("x", "0.4", "20"), ("1", "1.5", "20"), ("1", "", "20"), ("1", "0.4", "0")):
-        with pytest.raises(bench.BenchError):
+        with pytest.raises(BenchError):
             sweep_tab.grid_specs(*bad, heuristic=False, oracle=False)
 
 
@@ -107,5 +108,5 @@ def test_profile_choice_prefers_an_uploaded_csv_and_refuses_typed_paths(tmp_path
     assert sweep_tab.profile_choice("flat:0.4", str(path)) == str(path)
     assert sweep_tab.profile_choice("flat:.4", None) == "flat:0.4"
     assert sweep_tab.profile_choice(None, None) == "measured"
-    with pytest.raises(bench.BenchError, match="upload a CSV"):
+    with pytest.raises(BenchError, match="upload a CSV"):
         sweep_tab.profile_choice(str(path), None)

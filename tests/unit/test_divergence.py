@@ -133,19 +133,19 @@ def test_bench_timed_rows_and_report_carry_the_divergence(tiny_pair):
     """The benchmark's timed runs explain a divergence like the CLI and the app do (runs.csv, summary, report)."""
     import pandas as pd
 
-    from disco import bench
+    from disco import analysis, peer, runs, suite
 
-    prompt = bench.SuitePrompt(id="forced", kind="code", prompt=PROMPT, chat=False)
+    prompt = suite.SuitePrompt(id="forced", kind="code", prompt=PROMPT, chat=False)
     prompt_len = len(tiny_pair.encode(PROMPT, False))
-    meta = bench.environment(tiny_pair)
+    meta = runs.environment(tiny_pair)
     meta["max_new_tokens"] = 24
     with forced_choice(tiny_pair, 6, prompt_len, "ulp", "ulp"):
-        rows, _ = bench.timed_prompt(tiny_pair, prompt, ["autoregressive", "static:4"], 24, meta, peer=False)
+        rows, _ = peer.timed_prompt(tiny_pair, prompt, ["autoregressive", "static:4"], 24, meta, peer=False)
     by = {r["strategy"]: r for r in rows}
     assert by["static:4"]["identical_to_autoregressive"] is False
     assert by["static:4"]["divergence"] == divergence.NEAR_TIE
     assert "near-tie at token 6" in by["static:4"]["divergence_detail"]
     assert by["autoregressive"]["divergence"] == ""
-    summary = bench.summarize_runs(pd.DataFrame(rows))
+    summary = analysis.summarize_runs(pd.DataFrame(rows))
     row = summary[(summary["strategy"] == "static:4") & (summary["kind"] == "all")].iloc[0]
     assert row["divergences"] == "near-tie 1" and not row["all_identical"]

@@ -43,6 +43,8 @@ def test_recommendation_is_a_runnable_lane(tiny_profile):
     else:
         assert rec["auto"] == "autoregressive" and rec["auto_speedup"] == 1.0
     assert profile.resolve_auto("auto", tiny_profile) == rec["auto"]
+    for p, entry in rec["by_precision"].items():
+        assert entry["static_speedup"] == max(v for s, v in tiny_profile.replay[p].items() if s.startswith("static:"))
 
 
 def test_where_speculation_loses_the_recommendation_is_the_target_alone(tiny_profile):
@@ -55,8 +57,6 @@ def test_where_speculation_loses_the_recommendation_is_the_target_alone(tiny_pro
     assert rec["best_speculative_speedup"] == pytest.approx(0.9)
     rec = dataclasses.replace(tiny_profile, replay=winning).recommend()
     assert rec["auto"].startswith("static:2@") and rec["speculation_pays"] is True
-    for p, entry in rec["by_precision"].items():
-        assert entry["static_speedup"] == max(v for s, v in tiny_profile.replay[p].items() if s.startswith("static:"))
 
 
 def test_leviathan_uses_the_measured_verification_cost(tiny_profile):

@@ -1,0 +1,96 @@
+"""The benchmark's prompt suite (assets/suite.json): loading, checking and picking prompts."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+
+
+DEFAULT_SUITE = Path(__file__).resolve().parent.parent / "assets" / "suite.json"
+KINDS = ("code", "explanation", "summarisation", "prose")
+
+
+class BenchError(ValueError):
+    """A user-facing benchmark error (one line on stderr, exit 2)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the prompt suite
+
+
+@dataclass(frozen=True)
+class SuitePrompt:
+    id: str
+    kind: str
+    chat: bool
+    prompt: str
+
+
+def load_suite(path: str | os.PathLike | None = None) -> list[SuitePrompt]:
+    """Read a suite (.json with a "prompts" list, a bare list, or .jsonl). Checks ids, kinds and texts."""
+    path = Path(path) if path else DEFAULT_SUITE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BenchError(f"cannot read suite {path}: {exc.strerror or exc}") from None
+    try:
+        if path.suffix == ".jsonl":
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            data = json.loads(text)
+            items = data["prompts"] if isinstance(data, dict) else data
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"suite {path} is not valid JSON of prompts: {exc}") from None
+    prompts, seen = [], set()
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BenchError(f"suite {path}: entry {i} is not an object")
+        pid, kind, prompt = item.get("id"), item.get("kind"), item.get("prompt")
+        if not isinstance(pid, str) or not pid.strip():
+            raise BenchError(f"suite {path}: entry {i} has no id")
+        if pid in seen:
+            raise BenchError(f"suite {path}: duplicate id {pid!r}")
+        if not isinstance(kind, str) or not kind.strip():
+            raise BenchError(f"suite {path}: prompt {pid!r} has no kind")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise BenchError(f"suite {path}: prompt {pid!r} is empty")
+        seen.add(pid)
+        prompts.append(SuitePrompt(pid, kind, bool(item.get("chat", False)), prompt))
+    if not prompts:
+        raise BenchError(f"suite {path} has no prompts")
+    return prompts
+
+
+def pick_prompts(prompts: list[SuitePrompt], count: int | None) -> list[SuitePrompt]:
+    """``count`` prompts spread over the kinds (round-robin in suite order); all when count is None."""
+    if count is None or count >= len(prompts):
+        return list(prompts)
+    by_kind: dict[str, list[SuitePrompt]] = {}
+    for p in prompts:
+        by_kind.setdefault(p.kind, []).append(p)
+    chosen: list[SuitePrompt] = []
+    while len(chosen) < count:
+        for kind in list(by_kind):
+            if by_kind[kind] and len(chosen) < count:
+                chosen.append(by_kind[kind].pop(0))
+    order = {p.id: i for i, p in enumerate(prompts)}
+    return sorted(chosen, key=lambda p: order[p.id])
+
+
+def filter_prompts(prompts: list[SuitePrompt], selection: str | None) -> list[SuitePrompt]:
+    """Keep prompts whose id or kind is in a comma-separated selection."""
+    if not selection:
+        return prompts
+    wanted = {s.strip() for s in selection.split(",") if s.strip()}
+    kept = [p for p in prompts if p.id in wanted or p.kind in wanted]
+    unknown = wanted - {p.id for p in prompts} - {p.kind for p in prompts}
+    if unknown:
+        raise BenchError(f"unknown prompt id or kind: {sorted(unknown)[0]}")
+    return kept
+
+
+# ---------------------------------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""The Sweep tab's engine: replay a grid prompt by prompt and yield the growing results (the UI renders them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pandas as pd
+
+from disco import costs as cost_mod
+from disco.costs import CostModel, cached_costs
+from disco.engine import Interrupted
+from disco.policies import parse_strategy
+from disco.replay import AUTOREGRESSIVE, build_table, replay_many
+from disco.suite import BenchError, SuitePrompt
+from disco.runs import environment, replay_rows
+from disco.analysis import add_decode_speedup, summarize_runs
+
+
+# the Sweep tab's engine (the UI only renders what this yields)
+
+
+@dataclass
+class SweepUpdate:
+    done: int                 # prompts finished
+    total: int
+    runs: pd.DataFrame        # replay rows so far
+    summary: pd.DataFrame
+    message: str
+
+
+def sweep(pair, prompts: list[SuitePrompt], specs: list[str], max_new_tokens: int, cache_dir: Path | None = None,
+          on_progress: Callable[[float, str], None] | None = None,
+          should_stop: Callable[[], bool] | None = None, cost_profile: str | None = None) -> Iterator[SweepUpdate]:
+    """Replay ``specs`` on ``prompts``, one prompt at a time, yielding the growing results after each.
+
+    ``cost_profile`` (``measured`` by default, ``flat:C`` or a CSV path, see disco.costs) only changes the time
+    estimates; under a non-measured profile nothing is timed, so with cached tables the models are not run.
+
+    ``on_progress(fraction, message)`` reports the work inside a prompt (for progress bars). ``should_stop`` is
+    polled with every progress report (at most about every quarter second or decoded token): when it turns
+    true the prompt in progress is dropped (its cached table is not saved) and the sweep ends; every update
+    yielded before holds only completed prompts.
+    """
+    from disco.race import encode_prompt
+
+    if not prompts:
+        raise BenchError("pick at least one prompt")
+    specs = list(dict.fromkeys([AUTOREGRESSIVE] + list(specs)))
+    for s in specs:
+        parse_strategy(s)
+    encoded = [encode_prompt(pair, p.prompt, p.chat, max_new_tokens) for p in prompts]
+    kmax = max([getattr(parse_strategy(s), "k", 1) for s in specs] + [1])
+    meta = environment(pair)
+    meta["max_new_tokens"] = max_new_tokens
+    report = on_progress or (lambda fraction, message: None)
+    costs = sweep_costs(pair, encoded, kmax, cache_dir, cost_profile, meta, report)
+    runs: list[dict] = []
+    n = len(prompts)
+    for i, (p, ids) in enumerate(zip(prompts, encoded)):
+        def at(fraction, what, i=i, p=p):
+            if should_stop is not None and should_stop():
+                raise Interrupted(p.id)
+            report((i + fraction) / n, f"prompt {i + 1}/{n} ({p.id}): {what}")
+
+        try:
+            at(0.0, "target's greedy output")
+            table = build_table(pair, ids, max_new_tokens, cache_dir, name=p.id,
+                                progress=lambda done, total: at(0.5 * done / total, f"target's greedy output {done}/{total}"))
+            replay_many(table, specs, max_new_tokens, progress=lambda f: at(0.5 + 0.5 * f, "assistant's chains"))
+        except Interrupted:
+            return
+        if table.dirty:
+            table.save()
+        results = replay_many(table, specs, max_new_tokens, costs)
+        runs += replay_rows(p, table, results, meta)
+        frame = add_decode_speedup(pd.DataFrame(runs))
+        yield SweepUpdate(i + 1, n, frame, summarize_runs(frame), f"{i + 1}/{n} prompts replayed")
+
+
+def sweep_costs(pair, encoded: list[list[int]], kmax: int, cache_dir: Path | None, cost_profile: str | None,
+                meta: dict | None = None, report: Callable[[float, str], None] | None = None) -> CostModel:
+    """The cost model of a Sweep: ``measured`` (calibrated once per session and cached) or a hypothetical profile,
+    expressed in this machine's target step when that is already known (it only scales the estimated seconds)."""
+    name = cost_mod.check_profile(cost_profile)
+    if meta is not None:
+        meta["cost_profile"] = name
+    if name == cost_mod.MEASURED:
+        if report is not None:
+            report(0.0, "measuring per-pass costs (once per session)")
+        return cached_costs(pair, encoded, kmax, cache_dir)
+    known = cost_mod.known_costs(pair, cache_dir)
+    precision = (meta or {}).get("assistant_precision") or getattr(pair, "assistant_precision", None)
+    return cost_mod.resolve(name, precision=precision, step_ms=known.target_ms(1) if known is not None else None)
+
+
+def replay_iterations(pair, prompt: SuitePrompt, spec: str, max_new_tokens: int, cache_dir: Path | None = None,
+                      cost_profile: str | None = None) -> pd.DataFrame:
+    """The per-iteration trace replay predicts for one setting on one prompt (for the Sweep tab's detail view)."""
+    from disco.race import encode_prompt
+
+    ids = encode_prompt(pair, prompt.prompt, prompt.chat, max_new_tokens)
+    table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id)
+    parse_strategy(spec)
+    costs = sweep_costs(pair, [ids], 20, cache_dir, cost_profile, environment(pair))
+    results = replay_many(table, [spec], max_new_tokens, costs)
+    if table.dirty:
+        table.save()
+    return results[spec].frame()
+
+
+# ---------------------------------------------------------------------------------------------
