@@ -148,7 +148,7 @@ class Profile:
         if data.get("format") != FORMAT:
             raise ProfileError(f"profile format {data.get('format')!r} is not {FORMAT}")
         ints = lambda d: {int(n): float(v) for n, v in d.items()}
-        return cls(
+        prof = cls(
             key=dict(data["key"]), dtype=data["dtype"], decision=data.get("decision"),
             target_ms=ints(data["target_ms"]), target_prefill_ms=ints(data.get("target_prefill_ms", {})),
             assistant_ms={p: ints(d) for p, d in data["assistant_ms"].items()},
@@ -159,6 +159,9 @@ class Profile:
             recommended=dict(data.get("recommended", {})), seconds=float(data.get("seconds", 0.0)),
             measured_at=data.get("measured_at", ""),
         )
+        if prof.replay:  # the recommendation follows from the measurements: re-derive it (the rule may have changed)
+            prof.recommended = prof.recommend()
+        return prof
 
     def cost_rows(self) -> list[dict]:
         """Per-pass costs as rows (``profile --csv``): role, precision, tokens, kind (step | prefill), ms."""

@@ -289,3 +289,13 @@ def test_plot_placeholders_and_colours():
     assert plots.strategy_color("static:5") == plots.KIND_COLORS["static"]
     assert plots.strategy_color("static:9") == plots.strategy_color("static:9") != plots.strategy_color("threshold:0.1")
     assert re.fullmatch(r"#[0-9a-f]{6}", plots.strategy_color("brand-new-kind:3"))
+
+
+def test_the_idle_app_polls_gradio_queue_slowly():
+    """Gradio's queue checks for work every 1 ms when idle; app.quiet_queue slows it to 50 ms (idle CPU)."""
+    import app
+
+    demo = app.quiet_queue(app.build_demo("tiny").queue(default_concurrency_limit=1))
+    assert demo._queue.sleep_when_free == app.IDLE_POLL_S
+    assert demo._queue.progress_update_sleep_when_free == 2 * app.IDLE_POLL_S
+    demo.close()
