@@ -105,3 +105,27 @@ def test_replay_tables_are_kept_apart_per_assistant_precision(tiny_pair, tmp_pat
         replay(table, "static:4", 24)
     chains = {p: [t.draft(q, 0)[1] for q in range(20)] for p, t in tables.items()}
     assert chains["model"] != chains["int8"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_quantization_equals_torch_quantize_dynamic(tiny_pair, monkeypatch, threads):
+    """precision.quantize_int8 converts the layers on several threads; the result must be exactly what
+    torch.ao.quantization.quantize_dynamic gives (so cached replay tables of the int8 assistant stay valid)."""
+    import copy
+    import warnings
+
+    import torch
+
+    from disco import precision
+
+    monkeypatch.setattr(precision.torch, "get_num_threads", lambda: threads)
+    ours = precision.quantize_int8(tiny_pair.assistant)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = torch.ao.quantization.quantize_dynamic(copy.deepcopy(tiny_pair.assistant).float().eval(),
+                                                        {torch.nn.Linear}, dtype=torch.qint8)
+    ids = torch.tensor([list(range(3, 40))])
+    with torch.inference_mode():
+        assert torch.equal(ours(input_ids=ids).logits, theirs(input_ids=ids).logits)
+    assert sum(type(m).__name__ == "Linear" and "quantized" in type(m).__module__ for m in ours.modules()) == \
+        sum(type(m).__name__ == "Linear" and "quantized" in type(m).__module__ for m in theirs.modules()) > 0
