@@ -57,15 +57,17 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                         lane_b_assistant = gr.Dropdown(ui.ASSISTANT_CHOICES, value=ui.DEFAULT_ASSISTANT,
                                                        label="Lane B assistant", elem_id="lane-b-assistant",
                                                        info="auto lane: the recommended one unless set here")
-                    k = gr.Slider(1, 32, value=d.k, step=1, label="Static lookahead K (static / heuristic lanes)",
-                                  elem_id="k")
+                    look = budgets.max_lookahead  # the sliders end at the operator's limit (disco.limits)
+                    k = gr.Slider(1, look, value=min(d.k, look), step=1,
+                                  label="Static lookahead K (static / heuristic lanes)", elem_id="k")
                     threshold = gr.Slider(0, 1, value=d.threshold, step=0.05, label="Confidence threshold τ (threshold lane)",
                                           elem_id="threshold")
-                    max_lookahead = gr.Slider(1, 32, value=d.max_lookahead, step=1,
+                    max_lookahead = gr.Slider(1, look, value=min(d.max_lookahead, look), step=1,
                                               label="Maximum lookahead (threshold / oracle lanes)", elem_id="max-lookahead")
                     with gr.Row():
-                        max_new_tokens = gr.Slider(1, 512, value=d.max_new_tokens, step=1, label="Max new tokens",
-                                                   elem_id="max-new-tokens", scale=3)
+                        most = budgets.max_new_tokens
+                        max_new_tokens = gr.Slider(1, most, value=min(d.max_new_tokens, most), step=1,
+                                                   label="Max new tokens", elem_id="max-new-tokens", scale=3)
                         with gr.Column(min_width=160, scale=2):
                             baseline = gr.Checkbox(value=d.baseline, label="Autoregressive baseline")
                             chat = gr.Checkbox(value=d.chat, label="Chat template")

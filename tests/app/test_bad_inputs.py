@@ -264,3 +264,26 @@ def test_raw_http_inputs_gradio_client_cannot_send(client):
     assert "event: complete" in stream, stream  # the top of the range, exact
     stream = _raw_call(url, "compare", [{"not": "text"}, *full[1:]])
     assert "event: error" in stream and "Traceback" not in stream, stream
+
+
+def test_operator_limits_shape_the_sliders_and_the_typed_specs(monkeypatch, serve_app):
+    from gradio_client import Client
+
+    import app
+
+    monkeypatch.setenv("DISCO_MAX_LOOKAHEAD", "8")
+    monkeypatch.setenv("DISCO_MAX_NEW_TOKENS", "16")
+    demo = app.build_demo("tiny")
+    sliders = {c.elem_id: c for c in demo.blocks.values() if getattr(c, "elem_id", None) in ("k", "max-lookahead",
+                                                                                             "max-new-tokens")}
+    assert sliders["k"].maximum == 8 and sliders["max-lookahead"].maximum == 8
+    assert sliders["max-new-tokens"].maximum == 16 and sliders["max-new-tokens"].value == 16
+    with serve_app(demo, **app.launch_kwargs()) as url:
+        client = Client(url, verbose=False)
+        with pytest.raises(Exception, match="limit of 8"):
+            client.predict("abc", lane_a="static:9", max_new_tokens=4, api_name="/compare")
+        with pytest.raises(Exception, match="limit of 16"):
+            client.predict("abc", max_new_tokens=17, api_name="/compare")
+        with pytest.raises(Exception, match="DISCO_RUN_BUDGET_S"):
+            monkeypatch.setenv("DISCO_RUN_BUDGET_S", "soon")
+            client.predict("abc", max_new_tokens=4, api_name="/compare")
