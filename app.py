@@ -29,10 +29,10 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                               baseline, chat, sample, temperature, top_p, seed, lane_a_assistant, lane_b_assistant,
                               should_stop=stops.for_request(request), get_profile=loader.get_profile)
 
-    # Gradio copies every returned file into its cache: delete copies older than an hour, checked every 10 min
     budgets = limits.Budgets.from_env()
     compare = zerogpu.gpu(compare, budgets.run_s)  # a no-op off a ZeroGPU Space
 
+    # Gradio copies every returned file into its cache: delete copies older than an hour, checked every 10 min
     with gr.Blocks(title="DISCO Lab: dynamic speculation lookahead", delete_cache=(600, 3600)) as demo:
         gr.Markdown("# DISCO Lab\nSpeculative decoding with a **static** and a **dynamic** (confidence-thresholded) "
                     "speculation lookahead, racing side by side against the target model alone.")

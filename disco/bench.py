@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from disco import costs as cost_mod
+from disco.costs import CostModel
 from disco.policies import StrategyError, parse_strategy
 from disco.replay import AUTOREGRESSIVE, KMAXES, STATIC_KS, TAUS, ReplayError, default_grid, replay_many
 from disco.suite import BenchError, DEFAULT_SUITE, SuitePrompt, filter_prompts, load_suite, pick_prompts
@@ -131,29 +132,19 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
         meta["tables_seconds"] = time.perf_counter() - t0
         # costs are measured after the tables (models warm) and right before the timed runs, so that the
         # validation compares prediction and measurement taken under the same conditions
-        t0 = time.perf_counter()
-        if profile_name == cost_mod.MEASURED:
+
+        def measure() -> CostModel:
             _log(f"calibrating per-pass costs on {pair.describe()['models']} ({meta['dtype']}, {meta['device']}) ...")
-            costs = cost_mod.suite_costs(pair, list(encoded.values()), kmax, reps=cfg.calibration_reps)
-        else:
-            costs = cost_mod.flat(0.0)  # placeholder, replaced below by the chosen profile
+            return cost_mod.suite_costs(pair, list(encoded.values()), kmax, reps=cfg.calibration_reps)
+
+        t0 = time.perf_counter()
+        costs = cost_mod.resolve(profile_name, measured=measure, precision=meta.get("assistant_precision"))
         meta["calibration_seconds"] = time.perf_counter() - t0
         meta["cost_profile"] = profile_name
-        if profile_name != cost_mod.MEASURED:
-            costs = cost_mod.resolve(profile_name, precision=meta.get("assistant_precision"),
-                                     step_ms=costs.target_ms(1))
-        meta["costs"] = costs.to_dict()
-        for p in prompts:
-            results = replay_many(tables[p.id], specs, cfg.max_new_tokens, costs)
-            runs += replay_rows(p, tables[p.id], results, meta)
-        meta["prompts_replayed"] = len(prompts)
+        runs += replay_grid(tables, prompts, specs, cfg.max_new_tokens, costs, meta)
         summary = summarize_runs(pd.DataFrame(runs))
         meta["best"] = best_settings(summary)
-        hits = sum(t.meta.get("alpha_hits", 0) for t in tables.values())
-        total = sum(t.meta.get("alpha_positions", 0) for t in tables.values())
-        alpha = hits / total if total else math.nan
-        meta["alpha"], meta["cost_ratio"] = alpha, costs.cost_ratio
-        theory = theory_frame(alpha, costs.cost_ratio, costs, summary)
+        theory = theory_frame(meta["alpha"], costs.cost_ratio, costs, summary)
 
     if cfg.mode in ("timed", "both"):
         timed_specs = list(cfg.timed_strategies) or default_timed_strategies(meta.get("best", {}))
@@ -181,18 +172,30 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
     return write_reports(cfg.out, pd.DataFrame(runs), meta, theory)
 
 
+def replay_grid(tables: dict, prompts: list[SuitePrompt], specs: list[str], max_new_tokens: int, costs: CostModel,
+                meta: dict) -> list[dict]:
+    """Every spec replayed on every prompt's table under ``costs`` (the runs table's replay rows); records in
+    ``meta`` what the report needs of it: the costs, the prompts replayed, α (the assistant's first draft equals
+    the target's token, over all positions) and c."""
+    meta["costs"] = costs.to_dict()
+    runs: list[dict] = []
+    hits = total = 0
+    for p in prompts:
+        table = tables[p.id]
+        runs += replay_rows(p, table, replay_many(table, specs, max_new_tokens, costs), meta)
+        h, n = table.first_token_agreement(max_new_tokens)
+        hits, total = hits + h, total + n
+    meta.update(prompts_replayed=len(prompts), alpha=hits / total if total else math.nan, cost_ratio=costs.cost_ratio)
+    return runs
+
+
 def _cached_table(cache_dir: Path, prompt: SuitePrompt, cfg: BenchConfig):
     """The one cached table of ``prompt`` that matches the run's models (and dtype / assistant precision when
     they are given), or None when there is none or several could match."""
-    import re
+    from disco.replay import ReplayTable, cached_table_paths
 
-    from disco.replay import ReplayTable, _safe
-
-    pattern = re.compile(re.escape(_safe(prompt.id)) + r"-[0-9a-f]{16}\.json")
     found = []
-    for path in sorted(Path(cache_dir).glob(f"{_safe(prompt.id)}-*.json")):
-        if not pattern.fullmatch(path.name):
-            continue
+    for path in cached_table_paths(cache_dir, prompt.id):
         try:
             table = ReplayTable.from_dict(json.loads(path.read_text()), path)
         except (OSError, ValueError, KeyError, TypeError, ReplayError):
@@ -229,21 +232,12 @@ def recost_cached(cfg: BenchConfig, prompts: list[SuitePrompt], specs: list[str]
     meta.update(command=cfg.command, suite=str(cfg.suite or DEFAULT_SUITE.name), max_new_tokens=cfg.max_new_tokens,
                 mode="replay", grid_size=len(specs), cost_profile=profile_name, models_loaded=False)
     costs = cost_mod.resolve(profile_name, precision=meta["assistant_precision"])
-    meta["costs"] = costs.to_dict()
-    runs: list[dict] = []
     start = time.perf_counter()
     try:
-        for p in prompts:
-            runs += replay_rows(p, tables[p.id], replay_many(tables[p.id], specs, cfg.max_new_tokens, costs), meta)
+        runs = replay_grid(tables, prompts, specs, cfg.max_new_tokens, costs, meta)
     except ReplayError as exc:
         _log(f"the cached tables do not cover this grid ({exc}); loading the models")
         return None
-    meta["prompts_replayed"] = len(prompts)
-    hits = total = 0
-    for t in tables.values():
-        h, n = t.first_token_agreement(cfg.max_new_tokens)
-        hits, total = hits + h, total + n
-    meta["alpha"], meta["cost_ratio"] = (hits / total if total else math.nan), costs.cost_ratio
     meta["replay_seconds"] = meta["wall_seconds"] = time.perf_counter() - start
     _log(f"replayed {len(specs)} settings on {len(prompts)} cached tables under {profile_name} "
          f"in {meta['replay_seconds']:.1f} s (models not loaded)")

@@ -142,8 +142,13 @@ def check_sweep(settings: int, prompts: int, max_new_tokens: int, budgets: Budge
         raise InputError(f"{settings} settings × {prompts} prompts × {max_new_tokens} tokens = {work:,} is over this "
                          f"app's sweep limit of {budgets.sweep_work:,} (DISCO_SWEEP_MAX_WORK): use fewer prompts, "
                          "settings or tokens")
+    check_new_tokens(max_new_tokens, budgets)
+
+
+def check_new_tokens(max_new_tokens: int, budgets: Budgets) -> None:
     if max_new_tokens > budgets.max_new_tokens:
-        raise InputError(f"max new tokens {max_new_tokens} is over this app's limit of {budgets.max_new_tokens}")
+        raise InputError(f"max new tokens {max_new_tokens} is over this app's limit of {budgets.max_new_tokens} "
+                         "(DISCO_MAX_NEW_TOKENS)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,6 +163,7 @@ class Deadline:
         self._clock = clock
         self._end = clock() + self.seconds if self.seconds > 0 else math.inf
         self.hit = False
+        self._user_stop: Callable[[], bool] | None = None
 
     def expired(self) -> bool:
         if self._clock() >= self._end:
@@ -166,9 +172,14 @@ class Deadline:
 
     def stop_check(self, should_stop: Callable[[], bool] | None) -> Callable[[], bool]:
         """``should_stop`` or the budget, whichever comes first (the budget is checked even with no Stop)."""
+        self._user_stop = should_stop
         if should_stop is None:
             return self.expired
         return lambda: self.expired() or should_stop()
+
+    def ended_the_run(self) -> bool:
+        """True when the budget, not the caller's own Stop, is why the run ended."""
+        return self.hit and not (self._user_stop is not None and self._user_stop())
 
     def reason(self) -> str:
         return (f"this app's time budget of {self.seconds:g} s per run was reached (DISCO_RUN_BUDGET_S); "

@@ -29,6 +29,7 @@ import heapq
 import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,6 +273,17 @@ def _safe(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)[:60] or "prompt"
 
 
+def table_path(cache_dir: str | os.PathLike, name: str, key: str) -> Path:
+    """Where the table of prompt ``name`` with ``table_key`` ``key`` is cached."""
+    return Path(cache_dir) / f"{_safe(name)}-{key}.json"
+
+
+def cached_table_paths(cache_dir: str | os.PathLike, name: str) -> list[Path]:
+    """Every cached table of prompt ``name`` in ``cache_dir``, whatever models it was built with."""
+    pattern = re.compile(re.escape(_safe(name)) + r"-[0-9a-f]{16}\.json")
+    return [p for p in sorted(Path(cache_dir).glob(f"{_safe(name)}-*.json")) if pattern.fullmatch(p.name)]
+
+
 def build_table(pair, prompt_ids: list[int], max_new_tokens: int, cache_dir: str | os.PathLike | None = None,
                 name: str = "prompt", progress: Callable[[int, int], None] | None = None) -> ReplayTable:
     """Load the prompt's table from ``cache_dir`` or compute its reference (the target's greedy output).
@@ -281,7 +293,7 @@ def build_table(pair, prompt_ids: list[int], max_new_tokens: int, cache_dir: str
     """
     if not prompt_ids:
         raise InputError("the prompt encodes to zero tokens")
-    path = Path(cache_dir) / f"{_safe(name)}-{table_key(pair, prompt_ids)}.json" if cache_dir is not None else None
+    path = table_path(cache_dir, name, table_key(pair, prompt_ids)) if cache_dir is not None else None
     table = None
     if path is not None and path.is_file():
         try:

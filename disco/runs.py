@@ -96,8 +96,6 @@ def prepare_table(pair, prompt: SuitePrompt, specs: list[str], max_new_tokens: i
     ids = encode_prompt(pair, prompt.prompt, prompt.chat, max_new_tokens)
     table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id)
     results = replay_many(table, specs, max_new_tokens)
-    hits, total = table.first_token_agreement(max_new_tokens)
-    table.meta["alpha_hits"], table.meta["alpha_positions"] = hits, total
     if table.builder is not None and table.builder.passes:
         table.meta["chain_passes"] = table.meta.get("chain_passes", 0) + table.builder.passes
         table.meta["chain_seconds"] = table.meta.get("chain_seconds", 0.0) + table.builder.ms / 1000.0

@@ -199,7 +199,7 @@ def build_sweep_tab(get_pair) -> None:
                 raise BenchError(f"max new tokens must be between 8 and {MAX_SWEEP_TOKENS}, got {max_new}")
             limits.check_sweep(len(specs), len(picked), max_new, budgets)
             deadline = limits.Deadline(budgets.run_s)
-            user_stop, should_stop = should_stop, deadline.stop_check(should_stop)
+            should_stop = deadline.stop_check(should_stop)
             yield ("Loading the models ...", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
             pair = get_pair() if callable(get_pair) else get_pair
             progress(0.0, desc="starting")
@@ -224,14 +224,15 @@ def build_sweep_tab(get_pair) -> None:
             if should_stop() and (last is None or last.done < last.total):
                 kept = (f"the {last.done} completed prompt(s) above are kept (CSV included)" if last is not None
                         else "no prompt was completed")
-                why = f" ({deadline.reason()})" if deadline.hit and not user_stop() else ""
+                why = f" ({deadline.reason()})" if deadline.ended_the_run() else ""
                 yield (f"■ **Stopped** after {time.perf_counter() - start:.1f} s{why}: {kept}; press **Run sweep** "
                        "to go on (completed prompts are cached and replay instantly).",
                        gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
             elif last is None:
                 yield ("Nothing was replayed.", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
         except (BenchError, ValueError, RuntimeError) as exc:
-            yield (f"⚠ {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
+            line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            yield (f"⚠ {line}", gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip())
 
     run_sweep = zerogpu.gpu(run_sweep, limits.Budgets.from_env().run_s)  # a no-op off a ZeroGPU Space
 

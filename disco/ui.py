@@ -563,9 +563,7 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
         # parse every spec now: a typo fails before anything runs; typed specs get the sliders' ranges
         limits.check_lookahead(build_policies(strategies), budgets.max_lookahead)
         settings = decode_settings(max_new_tokens, sample, temperature, top_p, seed)
-        if settings.max_new_tokens > budgets.max_new_tokens:
-            raise InputError(f"max new tokens {settings.max_new_tokens} is over this app's limit of "
-                             f"{budgets.max_new_tokens} (DISCO_MAX_NEW_TOKENS)")
+        limits.check_new_tokens(settings.max_new_tokens, budgets)
     except USER_ERRORS as exc:
         raise gr.Error(str(exc), print_exception=False) from None
     for note in notes:
@@ -577,7 +575,7 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
 
     holder: list = [None]
     deadline = limits.Deadline(budgets.run_s)
-    user_stop, should_stop = should_stop, deadline.stop_check(should_stop)
+    should_stop = deadline.stop_check(should_stop)
     try:
         pair = get_pair() if callable(get_pair) else get_pair
         decode = getattr(pair, "decode", None)
@@ -596,10 +594,11 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
         raise gr.Error(f"the run failed: {type(exc).__name__}: {first}") from None
     snapshot = holder[0]  # the last completed step (a Stop mid-iteration keeps every completed one)
     stopped = (snapshot is None or not snapshot.finished) and should_stop()
-    if stopped and deadline.hit and not (user_stop is not None and user_stop()):
+    by_budget = stopped and deadline.ended_the_run()
+    if by_budget:
         notes = notes + [deadline.reason()]
     if snapshot is None and stopped:
-        why = f" ({notes[-1]})" if deadline.hit else ""
+        why = f" ({deadline.reason()})" if by_budget else ""
         yield _blank(f"■ **Stopped** after {time.perf_counter() - start:.1f} s, before any lane finished an "
                      f"iteration{why}; press **Run** to start again", strategies, "stopped",
                      "stopped before the first iteration")
