@@ -1,6 +1,8 @@
-"""The draft -> verify -> accept loop (batch size 1), with a KV cache per model.
+"""Live decoding: the models behind the iteration core (batch size 1), with a KV cache per model.
 
-One ``Decoder`` runs one strategy on one prompt, one iteration per ``step()``:
+One ``Decoder`` runs one strategy on one prompt, one iteration per ``step()``. The loop itself (budget,
+draft-stop, accept and cut, cache lengths, the record) is ``disco.core.IterationCore``; this module is
+its live backend: the forward passes, the acceptance rules and the per-token records.
 
   1. draft:  the assistant proposes up to ``policy.budget()`` tokens, one forward pass each, stopping
              early when the policy says so (confidence below tau), at EOS, or at the length cap;
@@ -28,11 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from disco.policies import Policy
-from disco.trace import (
-    SOURCE_AUTOREGRESSIVE, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, STOP_CONFIDENCE, STOP_EOS, STOP_LENGTH,
-    STOP_MAX_LOOKAHEAD, STOP_NONE, STOP_ORACLE, IterationRecord, TokenRecord,
-)
+from disco.core import Drafted, IterationCore, Verdict
+from disco.policies import Policy, RunContext
+from disco.policies.classic import Autoregressive
+from disco.trace import SOURCE_AUTOREGRESSIVE, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, IterationRecord, TokenRecord
 
 MAX_NEW_TOKENS_LIMIT = 4096
 
@@ -155,10 +156,19 @@ def greedy_accept(target_logits: torch.Tensor, drafts: list[int]) -> tuple[int, 
     return n, choice[n]
 
 
-class Decoder:
-    """One strategy decoding one prompt. Call ``step()`` until ``done``."""
+def draft_features(q: torch.Tensor, token: int) -> tuple[float, float, float]:
+    """What a policy sees of one draft distribution: the drafted token's probability, the entropy (nats) and the
+    top-1 minus top-2 margin. Replay tables store the same three numbers (``disco.replay.ChainBuilder``)."""
+    top = torch.topk(q, k=min(2, q.shape[-1])).values.tolist()
+    margin = top[0] - top[1] if len(top) > 1 else top[0]
+    return float(q[token]), float(torch.special.entr(q).sum()), float(margin)
 
-    def __init__(self, pair, prompt_ids: list[int], policy: Policy, settings: DecodeSettings):
+
+class Decoder:
+    """One strategy decoding one prompt: the live backend of the iteration core (``disco.core``).
+    Call ``step()`` until ``done``."""
+
+    def __init__(self, pair, prompt_ids: list[int], policy: Policy, settings: DecodeSettings, costs=None):
         from transformers import DynamicCache
 
         if not prompt_ids:
@@ -170,31 +180,57 @@ class Decoder:
         self.settings = settings
         self.strategy = policy.spec
         self.prompt_len = len(prompt_ids)
-        self.ids = list(prompt_ids)
         self.device = pair.device
-        self.eos = set(pair.eos_ids)
+        self.core = IterationCore(policy, prompt_ids, settings.max_new_tokens, pair.eos_ids, self)
+        self.assistant_precision = pair.assistant_precision
         self.t_cache = DynamicCache(config=pair.target.config)
         self.a_cache = DynamicCache(config=pair.assistant.config) if policy.uses_assistant else None
-        self.t_len = 0
-        self.a_len = 0
         self.generator = torch.Generator(device=self.device).manual_seed(int(settings.seed))
-        self.records: list[IterationRecord] = []
         self.tokens: list[TokenRecord] = []
-        self.elapsed_ms = 0.0
-        self.done = False
-        self.finish_reason: str | None = None
         self.interrupted = False
         self.reference_rederived = 0  # oracle: how often its reference was recomputed from its own prefix
         self._interrupt = None  # the running step's interrupt, polled by the layer hooks
+        self._untimed_s = 0.0   # the oracle's probes and reference: excluded from this lane's clock
+        self._q_rows: list[torch.Tensor] = []
+        self._logits: torch.Tensor | None = None
         if policy.uses_assistant:
             install_interrupt_hooks(pair.assistant)
         install_interrupt_hooks(pair.target)
+        policy.bind(RunContext(costs=costs, reference=getattr(policy, "reference", None), sample=settings.sample))
 
     # -- public views -------------------------------------------------------------------------
 
     @property
+    def ids(self) -> list[int]:
+        return self.core.ids
+
+    @property
+    def records(self) -> list[IterationRecord]:
+        return self.core.records
+
+    @property
+    def t_len(self) -> int:
+        return self.core.t_len
+
+    @property
+    def a_len(self) -> int:
+        return self.core.a_len
+
+    @property
+    def done(self) -> bool:
+        return self.core.done
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.core.finish_reason
+
+    @property
+    def elapsed_ms(self) -> float:
+        return self.core.elapsed_ms
+
+    @property
     def output_ids(self) -> list[int]:
-        return self.ids[self.prompt_len:]
+        return self.core.output_ids
 
     @property
     def text(self) -> str:
@@ -221,37 +257,96 @@ class Decoder:
         _sync(self.device)
         return logits, (time.perf_counter() - start) * 1000.0
 
-    def _probe_drafts(self, drafts: list[int]) -> list[int]:
-        """The longest prefix of ``drafts`` that the target's verification pass over exactly that prefix accepts
-        in full (untimed). The pass is the same computation the timed verification will run (same cache, same
-        tokens, same shape), so on a deterministic device the timed pass accepts every token kept; each
-        shorter prefix is probed again because a different shape can round differently (bf16 near-ties)."""
+    # -- the core's backend ---------------------------------------------------------------------
+
+    def clock(self) -> float:
+        _sync(self.device)
+        return (time.perf_counter() - self._untimed_s) * 1000.0
+
+    def draft(self, core: IterationCore, index: int, fed: int) -> Drafted:
+        if index == 0:
+            self._q_rows = []
+        feed = core.ids[core.a_len: core.a_len + fed] if index == 0 else [self._last_draft]
+        logits, ms = self._forward(self.pair.assistant, self.a_cache, feed, 1)
+        q = distribution(logits[0], self.settings)
+        token = int(torch.multinomial(q, 1, generator=self.generator)) if self.settings.sample else int(q.argmax())
+        if self.settings.sample:
+            self._q_rows.append(q)
+        self._last_draft = token
+        prob, entropy, margin = draft_features(q, token)
+        return Drafted(token, prob, entropy, margin, ms)
+
+    def probe(self, core: IterationCore, drafts: list[int]) -> int:
+        """How many of ``drafts`` the target's verification pass over exactly that prefix accepts in full (untimed).
+        The pass is the same computation the timed verification will run (same cache, same tokens, same shape),
+        so on a deterministic device the timed pass accepts every token kept; each shorter prefix is probed
+        again because a different shape can round differently (bf16 near-ties)."""
+        start = time.perf_counter()
         while drafts:
-            feed = self.ids[self.t_len:] + drafts
+            feed = core.ids[core.t_len:] + drafts
             logits, _ = self._forward(self.pair.target, self.t_cache, feed, len(drafts) + 1)
-            _truncate(self.t_cache, self.t_len)  # the probe leaves the cache as it found it
+            _truncate(self.t_cache, core.t_len)  # the probe leaves the cache as it found it
             n, _ = greedy_accept(logits, drafts)
             if n == len(drafts):
                 break
             drafts = drafts[:n]
-        return drafts
+        self._untimed_s += time.perf_counter() - start
+        return len(drafts)
 
-    def _rederive_reference(self) -> None:
+    def verify(self, core: IterationCore, fed: int, steps) -> Verdict:
+        drafts = [s.token for s in steps]
+        feed = core.ids[core.t_len:] + drafts
+        logits, ms = self._forward(self.pair.target, self.t_cache, feed, len(drafts) + 1)
+        if self.settings.sample:
+            p = distribution(logits, self.settings)
+            q = torch.stack(self._q_rows[: len(drafts)]) if drafts else p[:0]
+            accepted, token = speculative_accept(p, q, drafts, self.generator)
+        else:
+            accepted, token = greedy_accept(logits, drafts)
+        self._logits = logits
+        return Verdict(accepted, token, ms)
+
+    def rollback(self, t_len: int, a_len: int) -> None:
+        _truncate(self.t_cache, t_len)
+        if self.a_cache is not None:
+            _truncate(self.a_cache, a_len)
+
+    def commit(self, core: IterationCore, new: list[int], steps, accepted: int, rejected: bool, iteration: int) -> None:
+        """Per-token records, with the target's view of each emitted position (its logit for the token and the
+        runner-up): what makes a greedy divergence between two runs explainable (disco.divergence)."""
+        logits = self._logits
+        out_len = core.out_len - len(new)
+        top_logits, top_ids = torch.topk(logits[: len(new)], k=min(2, logits.shape[-1]), dim=-1)
+        top_logits, top_ids = top_logits.tolist(), top_ids.tolist()
+        chosen = logits[torch.arange(len(new)), torch.tensor(new)].tolist()
+        for i, token in enumerate(new):
+            if not self.policy.uses_assistant:
+                source, prob = SOURCE_AUTOREGRESSIVE, math.nan
+            elif i < accepted:
+                source, prob = SOURCE_DRAFT, steps[i].prob
+            else:
+                source, prob = (SOURCE_CORRECTION if rejected else SOURCE_BONUS), math.nan
+            other = 1 if top_ids[i][0] == token else 0  # the best token that is not this one
+            runner_id = top_ids[i][other] if len(top_ids[i]) > other else -1
+            runner_logit = top_logits[i][other] if len(top_logits[i]) > other else math.nan
+            self.tokens.append(TokenRecord(self.strategy, out_len + i, token, self.pair.token_text(token), source, prob,
+                                           iteration, chosen[i], runner_id, runner_logit))
+
+    def settle(self, core: IterationCore) -> None:
         """Once the lane's own text leaves the oracle's reference (a bf16 near-tie), the reference no longer
         describes the lane's prefix: recompute it from that prefix (untimed), so the oracle stays an upper bound."""
-        out = self.output_ids
+        if not self.policy.probes_verification or core.done:
+            return
+        out = core.output_ids
         ref = self.policy.reference or []
         if ref[: len(out)] == out:
             return
+        start = time.perf_counter()
         remaining = self.settings.max_new_tokens - len(out)
-        follow = Decoder(self.pair, list(self.ids), Policy("autoregressive"), DecodeSettings(max_new_tokens=remaining))
+        follow = Decoder(self.pair, list(core.ids), Autoregressive(), DecodeSettings(max_new_tokens=remaining))
         self.policy.reference = out + follow.run(self._interrupt).output_ids
         self.reference_rederived += 1
-
-    def _pick(self, probs: torch.Tensor) -> int:
-        if self.settings.sample:
-            return int(torch.multinomial(probs, 1, generator=self.generator))
-        return int(probs.argmax())
+        self._untimed_s += time.perf_counter() - start
 
     # -- one iteration ----------------------------------------------------------------------------
 
@@ -265,133 +360,9 @@ class Decoder:
             raise RuntimeError(f"step() called on a {'finished' if self.done else 'interrupted'} decoder")
         self._interrupt = interrupt
         try:
-            return self._step()
+            return self.core.step()
         finally:
             self._interrupt = None
-
-    def _step(self) -> IterationRecord:
-        policy, settings = self.policy, self.settings
-        _sync(self.device)
-        t0 = time.perf_counter()
-        out_len = len(self.ids) - self.prompt_len
-        remaining = settings.max_new_tokens - out_len
-        k_policy = policy.budget()
-        budget = min(k_policy, remaining - 1) if policy.uses_assistant else 0
-        drafts: list[int] = []
-        confidences: list[float] = []
-        q_rows: list[torch.Tensor] = []
-        forward_ms = 0.0
-        draft_calls = 0
-        stop = STOP_NONE
-        threshold = policy.threshold
-
-        # 1. draft
-        if policy.uses_assistant:
-            stop = STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD
-            for j in range(budget):
-                feed = self.ids[self.a_len:] if j == 0 else [drafts[-1]]
-                logits, ms = self._forward(self.pair.assistant, self.a_cache, feed, 1)
-                self.a_len += len(feed)
-                forward_ms += ms
-                draft_calls += 1
-                q = distribution(logits[0], settings)
-                token = self._pick(q)
-                confidence = float(q[token])
-                if policy.reject_draft(out_len + len(drafts), token):
-                    stop = STOP_ORACLE
-                    break
-                drafts.append(token)
-                confidences.append(confidence)
-                if settings.sample:
-                    q_rows.append(q)
-                if token in self.eos:
-                    stop = STOP_EOS
-                    break
-                if policy.stop_after(confidence):
-                    stop = STOP_CONFIDENCE
-                    break
-        t1 = time.perf_counter()
-        if policy.probes_verification and drafts:
-            trimmed = self._probe_drafts(drafts)  # untimed: the oracle knows what the target will accept
-            if len(trimmed) < len(drafts):
-                drafts, confidences, stop = trimmed, confidences[: len(trimmed)], STOP_ORACLE
-            probe = time.perf_counter() - t1
-            t0, t1 = t0 + probe, t1 + probe
-
-        # 2. verify: one target pass over [everything the target has not seen] + drafts
-        feed = self.ids[self.t_len:] + drafts
-        logits, ms = self._forward(self.pair.target, self.t_cache, feed, len(drafts) + 1)
-        self.t_len += len(feed)
-        forward_ms += ms
-        if settings.sample:
-            p = distribution(logits, settings)
-            q = torch.stack(q_rows) if q_rows else p[:0]
-            accepted, target_token = speculative_accept(p, q, drafts, self.generator)
-        else:
-            accepted, target_token = greedy_accept(logits, drafts)
-
-        # 3. accept, then cut at EOS and at max_new_tokens (never emit past either)
-        new = drafts[:accepted] + [target_token]
-        for i, token in enumerate(new):
-            if token in self.eos:
-                new = new[: i + 1]
-                self.done, self.finish_reason = True, "eos"
-                break
-        if len(new) >= remaining:
-            new = new[:remaining]
-            if not self.done:
-                self.done, self.finish_reason = True, "length"
-        old_len = len(self.ids)
-        self.ids.extend(new)
-
-        # roll both caches back to what was accepted
-        _truncate(self.t_cache, len(self.ids) - 1)
-        self.t_len = min(self.t_len, len(self.ids) - 1)
-        if self.a_cache is not None:
-            self.a_len = min(self.a_len, old_len + accepted, len(self.ids) - 2)
-            _truncate(self.a_cache, self.a_len)
-        t2 = time.perf_counter()
-
-        iteration = len(self.records) + 1
-        rejected = accepted < len(drafts) or stop == STOP_ORACLE
-        # the target's view of each emitted position (its logit for the token, and the runner-up): what makes a
-        # greedy divergence between two runs explainable (disco.divergence)
-        top_logits, top_ids = torch.topk(logits[: len(new)], k=min(2, logits.shape[-1]), dim=-1)
-        top_logits, top_ids = top_logits.tolist(), top_ids.tolist()
-        chosen = logits[torch.arange(len(new)), torch.tensor(new)].tolist()
-        for i, token in enumerate(new):
-            if not policy.uses_assistant:
-                source, prob = SOURCE_AUTOREGRESSIVE, math.nan
-            elif i < accepted:
-                source, prob = SOURCE_DRAFT, confidences[i]
-            else:
-                source, prob = (SOURCE_CORRECTION if rejected else SOURCE_BONUS), math.nan
-            other = 1 if top_ids[i][0] == token else 0  # the best token that is not this one
-            runner_id = top_ids[i][other] if len(top_ids[i]) > other else -1
-            runner_logit = top_logits[i][other] if len(top_logits[i]) > other else math.nan
-            self.tokens.append(TokenRecord(self.strategy, out_len + i, token, self.pair.token_text(token), source, prob,
-                                           iteration, chosen[i], runner_id, runner_logit))
-
-        policy.update(len(drafts), accepted)
-        _sync(self.device)
-        t3 = time.perf_counter()
-        if policy.probes_verification and not self.done:
-            self._rederive_reference()  # untimed, like the reference itself
-            t0 += time.perf_counter() - t3
-        iteration_ms = (t3 - t0) * 1000.0
-        self.elapsed_ms += iteration_ms
-        record = IterationRecord(
-            strategy=self.strategy, iteration=iteration, lookahead=len(drafts), accepted=accepted, emitted=len(new),
-            stop_reason=stop, min_confidence=min(confidences) if confidences else math.nan,
-            threshold=threshold if threshold is not None else math.nan,
-            max_lookahead=k_policy if policy.uses_assistant else 0,
-            draft_ms=(t1 - t0) * 1000.0, verify_ms=(t2 - t1) * 1000.0, iteration_ms=iteration_ms,
-            elapsed_ms=self.elapsed_ms, new_tokens=len(self.ids) - self.prompt_len, target_tokens=len(feed),
-            draft_calls=draft_calls, forward_ms=forward_ms, confidences=confidences,
-            assistant_precision=self.pair.assistant_precision if policy.uses_assistant else "none",
-        )
-        self.records.append(record)
-        return record
 
     def run(self, interrupt=None) -> "Decoder":
         while not self.done:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from disco.divergence import explain
 from disco.engine import Decoder, DecodeSettings, InputError, Interrupted
-from disco.policies import Oracle, Policy, parse_strategy
+from disco.policies import Autoregressive, Oracle, Policy, parse_strategy
 from disco.trace import iterations_frame, summarize, tokens_frame
 
 AUTOREGRESSIVE = "autoregressive"
@@ -49,7 +49,7 @@ def greedy_reference(pair, prompt_ids: list[int], max_new_tokens: int, interrupt
     ``interrupt`` as for ``Decoder.step`` (raises ``Interrupted``; nothing is memoised then)."""
     key = (id(pair), tuple(prompt_ids), max_new_tokens)
     if key not in _REFERENCE_CACHE:
-        decoder = Decoder(pair, prompt_ids, Policy(AUTOREGRESSIVE), DecodeSettings(max_new_tokens=max_new_tokens))
+        decoder = Decoder(pair, prompt_ids, Autoregressive(), DecodeSettings(max_new_tokens=max_new_tokens))
         _REFERENCE_CACHE[key] = decoder.run(interrupt).output_ids
         while len(_REFERENCE_CACHE) > 32:
             _REFERENCE_CACHE.popitem(last=False)

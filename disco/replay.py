@@ -17,9 +17,12 @@ We do not batch chains across positions: on a CPU without native bf16 a pass ove
 about n single-token passes (measured), so batching saves nothing there, while sequential feeds
 keep the numbers closest to what the engine computes.
 
-Replay mirrors ``disco.engine.Decoder`` line by line (draft budget, cache bookkeeping, accept and
-cut rules) and drives the very same policy objects (``disco.policies``). Tables are cached on disk
-as JSON (one file per prompt and model pair), so a sweep is resumable and re-runs are free.
+Replay is the second backend of the iteration core (``disco.core``), the live engine the first: the
+budget, draft-stop loop, accept and cut rules and cache bookkeeping are the same code, and the
+policies are the same objects (``disco.policies``). Each chain token carries what a policy's
+``DraftStep`` needs (probability, entropy and top-2 margin of the draft distribution; format 2).
+Tables are cached on disk as JSON (one file per prompt and model pair), so a sweep is resumable
+and re-runs are free.
 """
 
 from __future__ import annotations
@@ -38,18 +41,13 @@ from typing import Callable, Iterable
 import torch
 
 from disco.costs import CostModel, _crop, calibrate  # noqa: F401 - calibrate re-exported for older callers
-from disco.engine import Decoder, DecodeSettings, InputError, distribution
-from disco.policies import Oracle, Policy, parse_strategy
-from disco.trace import (
-    STOP_CONFIDENCE, STOP_EOS, STOP_LENGTH, STOP_MAX_LOOKAHEAD, STOP_NONE, STOP_ORACLE, IterationRecord,
-    iterations_frame, summarize,
-)
+from disco.core import Drafted, IterationCore, Verdict
+from disco.engine import Decoder, DecodeSettings, InputError, distribution, draft_features
+from disco.policies import KMAXES, STATIC_KS, TAUS, Autoregressive, Policy, RunContext, parse_strategy  # noqa: F401
+from disco.trace import IterationRecord, iterations_frame, summarize
 
-TABLE_FORMAT = 1
+TABLE_FORMAT = 2  # 2: each chain token has its entropy and top-2 margin (format 1 had probabilities only)
 AUTOREGRESSIVE = "autoregressive"
-STATIC_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20)
-TAUS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
-KMAXES = (5, 10, 15, 20)
 
 
 class ReplayError(RuntimeError):
@@ -82,11 +80,17 @@ def threshold_spec(tau: float, kmax: int) -> str:
 
 @dataclass
 class Chain:
-    """The assistant's greedy chain from one position: tokens, their probabilities, and whether it hit EOS."""
+    """The assistant's greedy chain from one position: tokens, their probabilities, the entropies and top-2
+    margins of their draft distributions, and whether it hit EOS."""
 
     tokens: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
     ended: bool = False
+    entropies: list[float] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+
+    def tail(self, d: int) -> "Chain":
+        return Chain(self.tokens[d:], self.probs[d:], self.ended, self.entropies[d:], self.margins[d:])
 
 
 class ChainBuilder:
@@ -99,14 +103,15 @@ class ChainBuilder:
         self.model = pair.assistant
         self.cache = DynamicCache(config=self.model.config)
         self.seq: list[int] = []
-        self.next: tuple[int, float] | None = None
+        self.next: tuple[int, float, float, float] | None = None
         self.passes = 0
         self.tokens_fed = 0
         self.ms = 0.0
 
     @torch.inference_mode()
-    def next_after(self, seq: list[int]) -> tuple[int, float]:
-        """The assistant's greedy token after ``seq`` and its probability (as the engine computes them)."""
+    def next_after(self, seq: list[int]) -> tuple[int, float, float, float]:
+        """The assistant's greedy token after ``seq``: (token, probability, entropy, margin), as the engine
+        computes them (``disco.engine.draft_features``)."""
         n = len(seq)
         if n == len(self.seq) and self.next is not None and seq == self.seq:
             return self.next
@@ -130,7 +135,7 @@ class ChainBuilder:
         self.passes += 1
         self.tokens_fed += len(feed)
         self.seq = list(seq)
-        self.next = (token, float(probs[token]))
+        self.next = (token, *draft_features(probs, token))
         return self.next
 
 
@@ -161,14 +166,15 @@ class ReplayTable:
         return {
             "format": TABLE_FORMAT, "meta": self.meta, "prompt_ids": self.prompt_ids, "reference": self.reference,
             "max_new_tokens": self.max_new_tokens, "eos_ids": sorted(self.eos),
-            "chains": {str(p): [c.tokens, [round(x, 7) for x in c.probs], c.ended] for p, c in sorted(self.chains.items())},
+            "chains": {str(p): [c.tokens, [round(x, 7) for x in c.probs], c.ended, [round(x, 6) for x in c.entropies],
+                                [round(x, 7) for x in c.margins]] for p, c in sorted(self.chains.items())},
         }
 
     @classmethod
     def from_dict(cls, data: dict, path: Path | None = None) -> "ReplayTable":
         if data.get("format") != TABLE_FORMAT:
             raise ReplayError(f"unsupported replay table format {data.get('format')!r}")
-        chains = {int(p): Chain(list(t), list(pr), bool(e)) for p, (t, pr, e) in data["chains"].items()}
+        chains = {int(p): Chain(list(t), list(pr), bool(e), list(h), list(m)) for p, (t, pr, e, h, m) in data["chains"].items()}
         return cls(data["prompt_ids"], data["reference"], data["max_new_tokens"], data["eos_ids"], chains,
                    data.get("meta"), path)
 
@@ -213,7 +219,7 @@ class ReplayTable:
             d = p - q
             if len(c.tokens) > d and c.tokens[:d] == self.reference[q:p]:
                 if best is None or len(c.tokens) - d > len(best.tokens):
-                    best = Chain(c.tokens[d:], c.probs[d:], c.ended)
+                    best = c.tail(d)
             if c.tokens[: min(d, len(c.tokens))] != self.reference[q:q + min(d, len(c.tokens))]:
                 break  # an earlier chain that agreed this far would have made this one agree too
         chain = best or Chain()
@@ -222,6 +228,16 @@ class ReplayTable:
 
     def draft(self, p: int, j: int) -> tuple[int, float]:
         """Token j (0-based) of the assistant's greedy chain from output position p, with its probability."""
+        chain = self.extend(p, j)
+        return chain.tokens[j], chain.probs[j]
+
+    def features(self, p: int, j: int) -> tuple[int, float, float, float]:
+        """Token j of the chain from position p: (token, probability, entropy, margin)."""
+        chain = self.extend(p, j)
+        return chain.tokens[j], chain.probs[j], chain.entropies[j], chain.margins[j]
+
+    def extend(self, p: int, j: int) -> Chain:
+        """The chain from position p, computed (models attached) until it has token j."""
         chain = self._chain(p)
         while len(chain.tokens) <= j:
             if chain.ended:
@@ -230,16 +246,18 @@ class ReplayTable:
                 raise ReplayError(f"the replay table has no chain token {j} at position {p}; attach the models to extend it")
             if p > len(self.reference):
                 raise ReplayError(f"position {p} is past the reference ({len(self.reference)} tokens)")
-            token, prob = self.builder.next_after(self.prompt_ids + self.reference[:p] + chain.tokens)
+            token, prob, entropy, margin = self.builder.next_after(self.prompt_ids + self.reference[:p] + chain.tokens)
             chain.tokens.append(token)
             chain.probs.append(prob)
+            chain.entropies.append(entropy)
+            chain.margins.append(margin)
             chain.ended = token in self.eos
             self.dirty = True
             if self.on_extend is not None:
                 self.on_extend()
             if self.path is not None and time.monotonic() - self._last_save > 60:
                 self.save()  # resumable: a long build never loses more than a minute
-        return chain.tokens[j], chain.probs[j]
+        return chain
 
     def first_token_agreement(self, max_new_tokens: int | None = None) -> tuple[int, int]:
         """(positions where the assistant's first draft equals the target's token, positions checked).
@@ -304,7 +322,7 @@ def build_table(pair, prompt_ids: list[int], max_new_tokens: int, cache_dir: str
             table = None
     if table is None or not table.covers(max_new_tokens):
         start = time.perf_counter()
-        decoder = Decoder(pair, list(prompt_ids), Policy(AUTOREGRESSIVE), DecodeSettings(max_new_tokens=max_new_tokens))
+        decoder = Decoder(pair, list(prompt_ids), Autoregressive(), DecodeSettings(max_new_tokens=max_new_tokens))
         while not decoder.done:
             decoder.step()
             if progress is not None:
@@ -342,7 +360,10 @@ class ReplayResult:
 
 
 class ReplayRun:
-    """One policy replayed over a table, one iteration per ``step()`` (mirrors ``Decoder.step``)."""
+    """One policy replayed over a table: the replay backend of the iteration core, one iteration per ``step()``.
+
+    Drafts come from the table's chains, verification from its reference (greedy: accept the longest prefix
+    of the drafts equal to it, then its own token), and pass costs from ``costs`` (none: times are nan)."""
 
     def __init__(self, table: ReplayTable, policy: Policy, max_new_tokens: int | None = None,
                  costs: CostModel | None = None):
@@ -353,100 +374,69 @@ class ReplayRun:
         self.policy = policy
         self.max_new_tokens = m
         self.reference = table.reference_for(m)
-        if isinstance(policy, Oracle):
-            policy.reference = list(self.reference)
         self.costs = costs
-        self.prompt_len = len(table.prompt_ids)
-        self.out_len = 0
-        self.t_len = 0
-        self.a_len = 0
-        self.elapsed_ms = 0.0
-        self.records: list[IterationRecord] = []
-        self.assistant_tokens = 0
-        self.done = False
+        self.assistant_precision = str(table.meta.get("assistant_precision", "model"))
+        self._now = 0.0  # modelled ms: advanced by each pass's cost
+        self.core = IterationCore(policy, table.prompt_ids, m, table.eos, self)
+        policy.bind(RunContext(costs=costs, reference=list(self.reference)))
+
+    @property
+    def records(self) -> list[IterationRecord]:
+        return self.core.records
+
+    @property
+    def done(self) -> bool:
+        return self.core.done
 
     @property
     def position(self) -> int:
-        return self.out_len
+        return self.core.out_len
 
-    def _ms(self, fn, n: int) -> float:
-        return fn(n) if self.costs is not None else math.nan
+    @property
+    def assistant_tokens(self) -> int:
+        return self.core.assistant_tokens
+
+    @property
+    def elapsed_ms(self) -> float:
+        return self.core.elapsed_ms
+
+    # -- the core's backend ---------------------------------------------------------------------
+
+    def clock(self) -> float:
+        return self._now
+
+    def _charge(self, fn, n: int) -> float:
+        ms = fn(n) if self.costs is not None else math.nan
+        self._now += ms
+        return ms
+
+    def draft(self, core: IterationCore, index: int, fed: int) -> Drafted:
+        token, prob, entropy, margin = self.table.features(core.out_len, index)
+        return Drafted(token, prob, entropy, margin, self._charge(self.costs.assistant_ms if self.costs else None, fed))
+
+    def verify(self, core: IterationCore, fed: int, steps) -> Verdict:
+        ms = self._charge(self.costs.target_ms if self.costs else None, fed)
+        ref, out_len = self.reference, core.out_len
+        accepted = 0
+        while accepted < len(steps) and out_len + accepted < len(ref) and steps[accepted].token == ref[out_len + accepted]:
+            accepted += 1
+        if out_len + accepted < len(ref):
+            return Verdict(accepted, ref[out_len + accepted], ms)
+        if accepted and ref[-1] in self.table.eos:  # an accepted EOS draft ends the output; no target token follows
+            return Verdict(accepted, ref[-1], ms)
+        raise ReplayError("the reference ended without EOS before max_new_tokens")
+
+    def probe(self, core: IterationCore, drafts: list[int]) -> int:
+        return len(drafts)  # the reference is exact: the oracle's reject_draft already kept only what is accepted
+
+    def rollback(self, t_len: int, a_len: int) -> None:
+        pass  # replay has no caches; the core keeps the lengths that decide what each pass is fed
 
     def step(self) -> IterationRecord:
-        policy, table, eos = self.policy, self.table, self.table.eos
-        out_len = self.out_len
-        ids_len = self.prompt_len + out_len
-        remaining = self.max_new_tokens - out_len
-        k_policy = policy.budget()
-        budget = min(k_policy, remaining - 1) if policy.uses_assistant else 0
-        threshold = policy.threshold
-        drafts: list[int] = []
-        confidences: list[float] = []
-        draft_calls = 0
-        draft_ms = 0.0
-        stop = STOP_NONE
-        if policy.uses_assistant:
-            stop = STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD
-            for j in range(budget):
-                fed = ids_len - self.a_len if j == 0 else 1
-                self.a_len += fed
-                self.assistant_tokens += fed
-                draft_calls += 1
-                draft_ms += self._ms(self.costs.assistant_ms if self.costs else None, fed)
-                token, confidence = table.draft(out_len, j)
-                if policy.reject_draft(out_len + len(drafts), token):
-                    stop = STOP_ORACLE
-                    break
-                drafts.append(token)
-                confidences.append(confidence)
-                if token in eos:
-                    stop = STOP_EOS
-                    break
-                if policy.stop_after(confidence):
-                    stop = STOP_CONFIDENCE
-                    break
-        target_fed = ids_len - self.t_len + len(drafts)
-        verify_ms = self._ms(self.costs.target_ms if self.costs else None, target_fed)
-        self.t_len += target_fed
-        ref = self.reference
-        accepted = 0
-        while accepted < len(drafts) and out_len + accepted < len(ref) and drafts[accepted] == ref[out_len + accepted]:
-            accepted += 1
-        new = ref[out_len: out_len + accepted + 1]  # accepted drafts + the target's own token
-        done = False
-        for i, token in enumerate(new):
-            if token in eos:
-                new = new[: i + 1]
-                done = True
-                break
-        if len(new) >= remaining:
-            new = new[:remaining]
-            done = True
-        if not new:
-            raise ReplayError("the reference ended without EOS before max_new_tokens")
-        old_len = ids_len
-        self.out_len += len(new)
-        new_len = self.prompt_len + self.out_len
-        self.t_len = min(self.t_len, new_len - 1)
-        if policy.uses_assistant:
-            self.a_len = min(self.a_len, old_len + accepted, new_len - 2)
-        policy.update(len(drafts), accepted)
-        iteration_ms = draft_ms + verify_ms
-        self.elapsed_ms += iteration_ms
-        record = IterationRecord(
-            strategy=policy.spec, iteration=len(self.records) + 1, lookahead=len(drafts), accepted=accepted,
-            emitted=len(new), stop_reason=stop, min_confidence=min(confidences) if confidences else math.nan,
-            threshold=threshold if threshold is not None else math.nan,
-            max_lookahead=k_policy if policy.uses_assistant else 0, draft_ms=draft_ms, verify_ms=verify_ms,
-            iteration_ms=iteration_ms, elapsed_ms=self.elapsed_ms, new_tokens=self.out_len, target_tokens=target_fed,
-            draft_calls=draft_calls, forward_ms=iteration_ms, confidences=confidences,
-        )
-        self.records.append(record)
-        self.done = done
-        return record
+        return self.core.step()
 
     def result(self) -> ReplayResult:
-        return ReplayResult(self.policy.spec, self.records, self.reference[: self.out_len], self.assistant_tokens)
+        return ReplayResult(self.policy.spec, self.records, self.reference[: self.core.out_len], self.assistant_tokens)
 
 
 def replay_many(table: ReplayTable, specs: Iterable[str | Policy], max_new_tokens: int | None = None,

@@ -1,0 +1,23 @@
+"""Lookahead policies: how many tokens the assistant drafts, when it stops, how that adapts.
+
+The protocol, the spec grammar and the registry are in ``disco.policies.base``; one module per family of
+rules registers its kinds on import. Adding a policy = one ``Policy`` subclass (imported here) + its tests.
+"""
+
+from disco.policies.base import (  # noqa: F401
+    ASSISTANT_SUFFIXES, MAX_LOOKAHEAD_LIMIT, DraftStep, Param, Policy, RunContext, StrategyError, StrategyInfo,
+    canonical_spec, format_value, grammar_line, parse_strategy, policy_class, policy_kinds, spec_kind, spec_values,
+    split_precision, strategy_infos,
+)
+from disco.policies.classic import (  # noqa: F401
+    DEFAULT_MAX_LOOKAHEAD, DEFAULT_THRESHOLD, KMAXES, STATIC_KS, TAUS, Autoregressive, Heuristic, Oracle, Static,
+    Threshold,
+)
+
+DEFAULT_STRATEGIES = ("autoregressive", "static:5", "threshold:0.4:20")
+
+
+def __getattr__(name):
+    if name == "STRATEGY_KINDS":  # computed on use, so kinds registered later are included
+        return strategy_infos()
+    raise AttributeError(name)
