@@ -1,4 +1,4 @@
-"""Command line: ``python -m disco {generate,models,bench}``.
+"""Command line: ``python -m disco {generate,profile,models,train,bench}``.
 
 Every user mistake ends as one line on stderr and exit code 2; never a traceback.
 """
@@ -390,6 +390,9 @@ def build_parser() -> Parser:
     add_generate(sub)
     add_profile(sub)
     add_models(sub)
+    from disco.train import add_train
+
+    add_train(sub, add_numerics, _integer)
     sub.add_parser("bench", help="benchmark and sweep (python -m disco bench --help)", add_help=False)
     return parser
 

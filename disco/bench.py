@@ -159,7 +159,7 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
         for j, p in enumerate(_progress(timed_prompts, len(timed_prompts), "timed", cfg.progress)):
             ref = tables[p.id].reference_for(cfg.max_new_tokens) if p.id in tables else None
             rows, recs = timed_prompt(pair, p, timed_specs, cfg.max_new_tokens, meta, cfg.reps, ref, cfg.peer,
-                                      order_offset=j)
+                                      order_offset=j, costs=costs)
             runs += rows
             records += recs
         meta["timed_seconds"] = time.perf_counter() - t0

@@ -5,8 +5,9 @@ backends behind it; the core owns everything else:
 
   1. budget: ``policy.budget()``, capped at ``max_new_tokens - len(output) - 1`` so the target's own
      token always fits (transformers caps it the same way, which keeps pass counts comparable);
-  2. the draft-stop loop: one assistant pass per drafted token, stopping at the budget, at EOS, when the
-     oracle drops a token, or when ``policy.stop_after(DraftStep)`` says so (that token is still verified);
+  2. the draft-stop loop: one assistant pass per drafted token, stopping at the budget, at EOS, when
+     ``policy.drop(DraftStep)`` drops the token just drafted (the oracle; AdaEDL judges a distribution
+     before using its token), or when ``policy.stop_after(DraftStep)`` says so (that token is verified);
   3. verification by the backend (one target pass over what the target has not seen plus the drafts);
   4. accept and cut: accepted drafts + the target's token, cut at EOS and at ``max_new_tokens``;
   5. cache bookkeeping as lengths: the target cache holds ``ids[:-1]`` after every iteration; the
@@ -111,11 +112,11 @@ class IterationCore:
                 self.assistant_tokens += fed
                 forward_ms += d.ms
                 draft_calls += 1
-                if policy.reject_draft(out_len + len(steps), d.token):
-                    stop = STOP_ORACLE
-                    break
                 step = (DraftStep.first(out_len, d.token, d.prob, d.entropy, d.margin) if not steps
                         else steps[-1].then(d.token, d.prob, d.entropy, d.margin))
+                if policy.drop(step):  # not verified: the oracle's knowledge, or a rule that judges a token first
+                    stop = STOP_ORACLE if policy.probes_verification else STOP_CONFIDENCE
+                    break
                 steps.append(step)
                 if d.token in self.eos:
                     stop = STOP_EOS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 
@@ -22,23 +23,33 @@ PEER_PREFIX = "hf:"
 
 
 def hf_settings(spec: str) -> dict | None:
-    """transformers' knobs for a strategy (set on assistant_model.generation_config); None when it has no peer."""
-    policy = parse_strategy(spec)
-    if policy.kind == "autoregressive":
-        return {}
-    if policy.kind == "static":
-        return dict(num_assistant_tokens=policy.k, assistant_confidence_threshold=0.0,
-                    num_assistant_tokens_schedule="constant")
-    if policy.kind == "heuristic":
-        return dict(num_assistant_tokens=policy.k, assistant_confidence_threshold=0.0,
-                    num_assistant_tokens_schedule="heuristic")
-    if policy.kind == "threshold":
-        return dict(num_assistant_tokens=policy.k, assistant_confidence_threshold=policy.tau,
-                    num_assistant_tokens_schedule="constant")
-    return None  # oracle: transformers has no such mode
+    """transformers' knobs for a strategy (set on assistant_model.generation_config); None when it has no peer.
+    Read from the policy's own mapping (``Policy.hf_kwargs``)."""
+    return parse_strategy(spec).hf_kwargs()
 
 
-def run_ours(pair, prompt_ids: list[int], spec: str, max_new_tokens: int, reference: list[int] | None = None) -> dict:
+@contextlib.contextmanager
+def roc_adaptation(enabled: bool):
+    """transformers adapts a non-zero ``assistant_confidence_threshold`` online whenever scikit-learn is installed
+    (``AssistedCandidateGenerator``, checked with ``is_sklearn_available`` in that module). A fixed-threshold
+    peer must not adapt, the ``adaptive`` peer must: switch it per run."""
+    from transformers.generation import candidate_generator as cg
+
+    if enabled:
+        if not cg.is_sklearn_available():
+            raise BenchError("the adaptive peer needs scikit-learn (pip install scikit-learn)")
+        yield
+        return
+    saved = cg.is_sklearn_available
+    cg.is_sklearn_available = lambda: False
+    try:
+        yield
+    finally:
+        cg.is_sklearn_available = saved
+
+
+def run_ours(pair, prompt_ids: list[int], spec: str, max_new_tokens: int, reference: list[int] | None = None,
+             costs=None) -> dict:
     import time as _time
 
     from disco.engine import Decoder, DecodeSettings
@@ -51,7 +62,7 @@ def run_ours(pair, prompt_ids: list[int], spec: str, max_new_tokens: int, refere
             reference = greedy_reference(pair, prompt_ids, max_new_tokens)
         policy.reference = list(reference)
     start = _time.perf_counter()
-    decoder = Decoder(pair, list(prompt_ids), policy, DecodeSettings(max_new_tokens=max_new_tokens))
+    decoder = Decoder(pair, list(prompt_ids), policy, DecodeSettings(max_new_tokens=max_new_tokens), costs=costs)
     decoder.run()
     seconds = _time.perf_counter() - start
     summary = summarize(spec, iterations_frame(decoder.records))
@@ -67,7 +78,8 @@ def run_hf(pair, prompt_ids: list[int], spec: str, max_new_tokens: int) -> dict:
 
     import torch
 
-    settings = hf_settings(spec)
+    policy = parse_strategy(spec)
+    settings = policy.hf_kwargs()
     if settings is None:
         raise BenchError(f"strategy {spec!r} has no transformers peer")
     gc = pair.assistant.generation_config
@@ -94,9 +106,10 @@ def run_hf(pair, prompt_ids: list[int], spec: str, max_new_tokens: int) -> dict:
         with torch.inference_mode():
             if pair.device.type == "cuda":
                 torch.cuda.synchronize(pair.device)
-            start = _time.perf_counter()
-            out = pair.target.generate(input_ids=x, attention_mask=mask,
-                                       assistant_model=pair.assistant if settings else None, **kwargs)
+            with roc_adaptation(getattr(policy, "hf_roc_adaptation", False)):
+                start = _time.perf_counter()
+                out = pair.target.generate(input_ids=x, attention_mask=mask,
+                                           assistant_model=pair.assistant if settings else None, **kwargs)
             if pair.device.type == "cuda":
                 torch.cuda.synchronize(pair.device)
             seconds = _time.perf_counter() - start
@@ -124,7 +137,8 @@ def warm_up(pair, prompt_ids: list[int]) -> None:
 
 
 def timed_prompt(pair, prompt: SuitePrompt, specs: list[str], max_new_tokens: int, meta: dict, reps: int = 1,
-                 reference: list[int] | None = None, peer: bool = True, order_offset: int = 0) -> tuple[list[dict], list]:
+                 reference: list[int] | None = None, peer: bool = True, order_offset: int = 0,
+                 costs=None) -> tuple[list[dict], list]:
     """Run ours and the peer back to back for every strategy (A B B A ...), ``reps`` times.
 
     Returns the runs.csv rows (median seconds over reps) and our engine's per-iteration records."""
@@ -139,7 +153,7 @@ def timed_prompt(pair, prompt: SuitePrompt, specs: list[str], max_new_tokens: in
             order = ("ours", "hf") if (i + rep + order_offset) % 2 == 0 else ("hf", "ours")
             for impl in order:
                 if impl == "ours":
-                    ours = run_ours(pair, ids, spec, max_new_tokens, reference)
+                    ours = run_ours(pair, ids, spec, max_new_tokens, reference, costs)
                     measured.setdefault(("ours", spec), []).append(ours)
                     for r in ours["records"]:
                         records.append({"prompt_id": prompt.id, "rep": rep, **r.__dict__})

@@ -54,16 +54,45 @@ class ReplayError(RuntimeError):
     """A table that cannot answer (incomplete and no models attached), or a policy replay cannot run."""
 
 
+CLASSIC_KINDS = ("autoregressive", "static", "heuristic", "threshold", "oracle")
+
+
+def rule_kinds() -> list[str]:
+    """The stopping rules beyond the classic grid (adaptive, entropy, cumulative, costaware, disco, ...), in
+    registration order; ``disco`` only once a trained classifier exists."""
+    from disco.policies import policy_kinds
+
+    return [cls.kind for cls in policy_kinds()
+            if cls.kind not in CLASSIC_KINDS and cls.in_default_grid and cls.unavailable() is None]
+
+
+def kind_grid(kind: str, kmaxes: Iterable[int] | None = None) -> list[str]:
+    """A kind's grid from its parameters' metadata; its KMAX values replaced by ``kmaxes`` when given."""
+    from disco.policies import canonical_spec, policy_class
+
+    cls = policy_class(kind)
+    combos = [{}]
+    for p in cls.params:
+        values = tuple(kmaxes) if (kmaxes is not None and p.token == "KMAX") else (p.grid or (p.default,))
+        combos = [{**c, p.name: v} for v in values for c in combos]  # the first parameter varies fastest
+    return [canonical_spec(kind, **c) for c in combos]
+
+
 def default_grid(static_ks: Iterable[int] = STATIC_KS, taus: Iterable[float] = TAUS, kmaxes: Iterable[int] = KMAXES,
-                 heuristic: Iterable[int] = (5,), oracle: bool = True) -> list[str]:
-    """The benchmark's default grid, as strategy specs (the CLI's spelling)."""
+                 heuristic: Iterable[int] = (5,), oracle: bool = True, kinds: Iterable[str] | None = None) -> list[str]:
+    """The benchmark's default grid, as strategy specs (the CLI's spelling): the classic kinds from the given
+    values, then each stopping rule in ``kinds`` (default: every one available, ``rule_kinds``) from its own
+    parameters' grid, with KMAX from ``kmaxes`` where the rule has one."""
+    kmaxes = list(kmaxes)
     specs = [AUTOREGRESSIVE]
     specs += [f"static:{k}" for k in static_ks]
     specs += [f"heuristic:{k}" for k in heuristic]
     specs += [threshold_spec(t, k) for k in kmaxes for t in taus]
     if oracle:
         specs.append(f"oracle:{max(kmaxes) if kmaxes else 20}")
-    return specs
+    for kind in (rule_kinds() if kinds is None else kinds):
+        specs += kind_grid(kind, kmaxes or None)
+    return list(dict.fromkeys(specs))
 
 
 def threshold_spec(tau: float, kmax: int) -> str:
@@ -427,7 +456,7 @@ class ReplayRun:
         raise ReplayError("the reference ended without EOS before max_new_tokens")
 
     def probe(self, core: IterationCore, drafts: list[int]) -> int:
-        return len(drafts)  # the reference is exact: the oracle's reject_draft already kept only what is accepted
+        return len(drafts)  # the reference is exact: the oracle's drop() already kept only what is accepted
 
     def rollback(self, t_len: int, a_len: int) -> None:
         pass  # replay has no caches; the core keeps the lengths that decide what each pass is fed

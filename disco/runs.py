@@ -89,13 +89,21 @@ def run_row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, 
     return row
 
 
+def cost_flat_free():
+    from disco.costs import flat
+
+    return flat(0.0)
+
+
 def prepare_table(pair, prompt: SuitePrompt, specs: list[str], max_new_tokens: int, cache_dir: Path | None):
     """Build (or load) one prompt's table and make sure it holds every chain token ``specs`` need."""
     from disco.race import encode_prompt
 
     ids = encode_prompt(pair, prompt.prompt, prompt.chat, max_new_tokens)
     table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id)
-    results = replay_many(table, specs, max_new_tokens)
+    # a cost-aware policy needs some cost model to run; a free assistant drafts the deepest chains (what a real
+    # profile needs beyond them is computed when the grid is replayed with the models attached)
+    results = replay_many(table, specs, max_new_tokens, cost_flat_free())
     if table.builder is not None and table.builder.passes:
         table.meta["chain_passes"] = table.meta.get("chain_passes", 0) + table.builder.passes
         table.meta["chain_seconds"] = table.meta.get("chain_seconds", 0.0) + table.builder.ms / 1000.0

@@ -94,3 +94,29 @@ def filter_prompts(prompts: list[SuitePrompt], selection: str | None) -> list[Su
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+SPLITS = ("all", "train", "test")
+
+
+def split_of(prompts: list[SuitePrompt]) -> dict[str, str]:
+    """Each prompt's split, by prompt: within each kind, in suite order, alternately train and test. Parameters
+    (the classifier's weights, the best setting of each policy) are chosen on train and reported on test."""
+    seen: dict[str, int] = {}
+    out = {}
+    for p in prompts:
+        i = seen.get(p.kind, 0)
+        seen[p.kind] = i + 1
+        out[p.id] = "train" if i % 2 == 0 else "test"
+    return out
+
+
+def split_prompts(prompts: list[SuitePrompt], split: str | None) -> list[SuitePrompt]:
+    """The prompts of one split (``all`` or None: every prompt)."""
+    if not split or split == "all":
+        return list(prompts)
+    if split not in SPLITS:
+        raise BenchError(f"unknown split {split!r}: use {', '.join(SPLITS)}")
+    which = split_of(prompts)
+    return [p for p in prompts if which[p.id] == split]
+

@@ -13,6 +13,11 @@ from disco.policies.classic import (  # noqa: F401
     DEFAULT_MAX_LOOKAHEAD, DEFAULT_THRESHOLD, KMAXES, STATIC_KS, TAUS, Autoregressive, Heuristic, Oracle, Static,
     Threshold,
 )
+from disco.policies.adaptive import Adaptive  # noqa: F401,E402
+from disco.policies.entropy import Entropy  # noqa: F401,E402
+from disco.policies.cumulative import Cumulative  # noqa: F401,E402
+from disco.policies.costaware import CostAware  # noqa: F401,E402
+from disco.policies.classifier import Disco  # noqa: F401,E402
 
 DEFAULT_STRATEGIES = ("autoregressive", "static:5", "threshold:0.4:20")
 

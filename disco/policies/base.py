@@ -2,7 +2,8 @@
 
 A policy answers three questions for the iteration core (``disco.core``) and nothing else:
   * ``budget()``         the most tokens it will draft this iteration (before the length cap),
-  * ``stop_after(step)`` whether to stop after a drafted token, given that ``DraftStep``,
+  * ``stop_after(step)`` whether to stop after a drafted token, given that ``DraftStep`` (the token is verified),
+  * ``drop(step)``       whether to stop *without* that token (the oracle; AdaEDL's pre-sampling check),
   * ``update(steps, accepted)`` what to change after the target has verified the draft.
 
 A ``DraftStep`` carries only numbers that an exact greedy replay table can store (``disco.replay``):
@@ -147,12 +148,19 @@ class Policy:
         self.spec = spec if spec is not None else canonical_spec(self.kind, **self.values)
         self.assistant_precision: str | None = None  # from a ``@model`` / ``@int8`` suffix; None = run default
         self.context = RunContext()
+        self.reset()
 
     # -- the protocol ------------------------------------------------------------------------------
 
     def bind(self, context: RunContext) -> None:
-        """Called once by a run before its first iteration."""
+        """Called once by a run before its first iteration (then ``reset``)."""
         self.context = context
+        self.reset()
+
+    def reset(self) -> None:
+        """Start the policy's own state afresh (parameters back to the spec's values)."""
+        for name, value in self.values.items():
+            setattr(self, name, value)
 
     def budget(self) -> int:
         return getattr(self, "k", 0) if self.uses_assistant else 0
@@ -165,8 +173,9 @@ class Policy:
     def stop_after(self, step: DraftStep) -> bool:
         return False
 
-    def reject_draft(self, position: int, token: int) -> bool:
-        """Oracle hook: drop a drafted token before verification. Other policies never do."""
+    def drop(self, step: DraftStep) -> bool:
+        """Whether to drop the token just drafted (not verified) and stop drafting: the oracle drops what the target
+        would reject; a rule that judges the draft distribution before using its token drops it. Default: never."""
         return False
 
     def update(self, steps: list[DraftStep], accepted: int) -> None:
@@ -195,6 +204,11 @@ class Policy:
             values = p.grid or (p.default,)
             specs = [{**s, p.name: v} for v in values for s in specs]  # first parameter varies fastest
         return [canonical_spec(cls.kind, **s) for s in specs]
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this kind cannot run here (e.g. no trained classifier), or None."""
+        return None
 
     def hf_kwargs(self) -> dict | None:
         """transformers ``generate`` arguments (besides ``assistant_model``) that run this policy, or None."""

@@ -116,7 +116,7 @@ class Oracle(Policy):
         if context.reference is not None:
             self.reference = list(context.reference)
 
-    def reject_draft(self, position: int, token: int) -> bool:
+    def drop(self, step: DraftStep) -> bool:
         if self.reference is None:
             raise RuntimeError("oracle policy used without its reference continuation")
-        return position >= len(self.reference) or self.reference[position] != token
+        return step.position >= len(self.reference) or self.reference[step.position] != step.token
