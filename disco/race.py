@@ -148,8 +148,22 @@ def _with_meta(frame: pd.DataFrame, meta: dict) -> pd.DataFrame:
     return frame
 
 
+def lane_costs(pair, policy: Policy, prompt_ids: list[int], costs_for: Callable | None = None):
+    """The cost model a lane's policy reads (only the cost-aware one does): ``costs_for(assistant_precision)`` when
+    the caller knows this machine's profile (the app), else this pair's measured costs, calibrated once if needed."""
+    if not policy.needs_costs:
+        return None
+    model = costs_for(pair.assistant_precision) if costs_for is not None else None
+    if model is None:
+        from disco.costs import cached_costs
+
+        model = cached_costs(pair, [prompt_ids], kmax=max(getattr(policy, "k", 1), 1), reps=1)
+    return model
+
+
 def race(pair, prompt: str, strategies: list[str], settings: DecodeSettings, chat: bool = False,
-         meta: dict | None = None, should_stop: Callable[[], bool] | None = None) -> Iterator[Snapshot]:
+         meta: dict | None = None, should_stop: Callable[[], bool] | None = None,
+         costs_for: Callable | None = None) -> Iterator[Snapshot]:
     """Advance every strategy one iteration at a time, round-robin; yield a snapshot after each step.
 
     Validation happens before the first yield, so bad input raises immediately. ``should_stop`` is polled
@@ -162,7 +176,8 @@ def race(pair, prompt: str, strategies: list[str], settings: DecodeSettings, cha
     prompt_ids = encode_prompt(pair, prompt, chat, settings.max_new_tokens)
     # each lane drafts with the assistant its spec names (``@int8``), else with the pair's own
     lanes = [lane_pair(pair, policy) for policy in policies]
-    decoders = [Decoder(p, prompt_ids, policy, settings) for p, policy in zip(lanes, policies)]  # validates policy x settings
+    decoders = [Decoder(p, prompt_ids, policy, settings, costs=lane_costs(p, policy, prompt_ids, costs_for))
+                for p, policy in zip(lanes, policies)]  # validates policy x settings
     for p in lanes:
         p.warmup()
     for policy in policies:

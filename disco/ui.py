@@ -580,8 +580,9 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
         pair = get_pair() if callable(get_pair) else get_pair
         decode = getattr(pair, "decode", None)
         with COMPUTE_LOCK:  # waits at most one chunk of the background profile
+            costs_for = profile_costs(get_profile) if any(s.startswith("costaware") for s in strategies) else None
             yield from _race_updates(pair, prompt, strategies, settings, chat, should_stop, start, notes, decode,
-                                     interval, plot_interval, holder)
+                                     interval, plot_interval, holder, costs_for)
     except Interrupted:  # Stop while the oracle's reference was being computed: no iteration has run
         pass
     except USER_ERRORS as exc:
@@ -610,12 +611,28 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
                  stopped=stopped)
 
 
+def profile_costs(get_profile: Callable[[], object] | None):
+    """``costs_for(precision)`` from this machine's profile (what the cost-aware lane reads), or None while it is
+    still being measured (the race then calibrates the pair once itself)."""
+    prof = get_profile() if get_profile is not None else None
+    if prof is None:
+        return None
+
+    def costs_for(precision: str):
+        try:
+            return prof.cost_model(precision)
+        except (KeyError, AttributeError):
+            return None
+    return costs_for
+
+
 def _race_updates(pair, prompt, strategies, settings, chat, should_stop, start, notes, decode, interval, plot_interval,
-                  holder: list):
+                  holder: list, costs_for=None):
     """The streamed (non-final) updates of one race; the last snapshot is left in ``holder[0]``."""
     last = last_plot = -math.inf
     cost = 0.0
-    for snapshot in race(pair, prompt, strategies, settings, chat=bool(chat), should_stop=should_stop):
+    for snapshot in race(pair, prompt, strategies, settings, chat=bool(chat), should_stop=should_stop,
+                         costs_for=costs_for):
         holder[0] = snapshot
         now = time.perf_counter()
         # never spend more than about a third of the wall time on drawing (the lanes' own clocks don't

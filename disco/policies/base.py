@@ -127,6 +127,7 @@ class Policy:
     uses_assistant: ClassVar[bool] = True
     greedy_only: ClassVar[bool] = False
     probes_verification: ClassVar[bool] = False  # the oracle only (see Oracle)
+    needs_costs: ClassVar[bool] = False          # reads the run's cost profile (RunContext.costs)
     in_default_grid: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):

@@ -27,6 +27,7 @@ class CostAware(Policy):
     color = "#000000"  # black
     canonical = "costaware:20"
     cite = "our derivation (About tab); Leviathan et al. 2023 for the cost model"
+    needs_costs = True
 
     def reset(self) -> None:
         super().reset()
