@@ -34,8 +34,9 @@ def build_demo(models: str | None = None) -> gr.Blocks:
 
     # Gradio copies every returned file into its cache: delete copies older than an hour, checked every 10 min
     with gr.Blocks(title="DISCO Lab: dynamic speculation lookahead", delete_cache=(600, 3600)) as demo:
-        gr.Markdown("# DISCO Lab\nSpeculative decoding with a **static** and a **dynamic** (confidence-thresholded) "
-                    "speculation lookahead, racing side by side against the target model alone.")
+        gr.Markdown("# DISCO Lab\nSpeculative decoding with a **static** and a **dynamic** speculation lookahead "
+                    "(a confidence threshold, or adaptive, entropy, cumulative, cost-aware and trained DISCO stopping "
+                    "rules), racing side by side against the target model alone.")
         model_status = gr.Markdown(loader.status(), elem_id="disco-status")
         with gr.Tab("Race"):
             with gr.Row():
@@ -58,12 +59,13 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                                                        label="Lane B assistant", elem_id="lane-b-assistant",
                                                        info="auto lane: the recommended one unless set here")
                     look = budgets.max_lookahead  # the sliders end at the operator's limit (disco.limits)
+                    # each policy's parameters name the shared slider that fills them (disco.policies metadata)
                     k = gr.Slider(1, look, value=min(d.k, look), step=1,
-                                  label="Static lookahead K (static / heuristic lanes)", elem_id="k")
-                    threshold = gr.Slider(0, 1, value=d.threshold, step=0.05, label="Confidence threshold τ (threshold lane)",
-                                          elem_id="threshold")
+                                  label=ui.slider_label("k", "Static lookahead"), elem_id="k")
+                    threshold = gr.Slider(0, 1, value=d.threshold, step=0.05,
+                                          label=ui.slider_label("threshold", "Threshold"), elem_id="threshold")
                     max_lookahead = gr.Slider(1, look, value=min(d.max_lookahead, look), step=1,
-                                              label="Maximum lookahead (threshold / oracle lanes)", elem_id="max-lookahead")
+                                              label=ui.slider_label("kmax", "Maximum lookahead"), elem_id="max-lookahead")
                     with gr.Row():
                         most = budgets.max_new_tokens
                         max_new_tokens = gr.Slider(1, most, value=min(d.max_new_tokens, most), step=1,

@@ -48,7 +48,7 @@ def _float(text: str) -> float:
 
 
 def add_generate(sub) -> None:
-    from disco.policies import DEFAULT_STRATEGIES
+    from disco.policies import DEFAULT_STRATEGIES, policy_kinds
 
     p = sub.add_parser("generate", help="run strategies side by side on one prompt and print their summaries")
     p.add_argument("--models", default=os.environ.get("DISCO_MODELS", "embedded"),
@@ -58,9 +58,10 @@ def add_generate(sub) -> None:
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
     p.add_argument("--strategy", action="append", dest="strategies", metavar="SPEC",
-                   help="repeatable: autoregressive, static:K, heuristic:K, threshold:TAU[:KMAX], oracle[:KMAX], or auto "
+                   help="repeatable: " + ", ".join(cls.template() for cls in policy_kinds()) + ", or auto "
                         "(this machine's recommended setting, from `python -m disco profile`); add @model or @int8 "
-                        f"to pick a lane's assistant (default: {' '.join(DEFAULT_STRATEGIES)})")
+                        f"to pick a lane's assistant (default: {' '.join(DEFAULT_STRATEGIES)}). Every kind: "
+                        + "; ".join(f"{cls.kind}: {cls.summary}" for cls in policy_kinds()))
     p.add_argument("--max-new-tokens", type=_integer, default=64)
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=_float, default=1.0)

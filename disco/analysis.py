@@ -9,6 +9,7 @@ from typing import Iterable
 import pandas as pd
 
 from disco.costs import CostModel
+from disco.policies import policy_kinds, spec_kind
 from disco.replay import AUTOREGRESSIVE
 from disco.trace import theory_speedup, theory_tokens_per_iteration
 from disco.peer import PEER_PREFIX
@@ -87,13 +88,15 @@ def best_settings(summary: pd.DataFrame, column: str = "speedup_geomean") -> dic
     if overall.empty or column not in overall:
         return {}
     sp = overall[column]
-    kinds = {s: s.split(":", 1)[0] for s in sp.index}
+    kinds = {s: spec_kind(s) for s in sp.index}
     def best(kind):
         cands = sp[[s for s in sp.index if kinds[s] == kind]].dropna()
         return (cands.idxmax(), float(cands.max())) if not cands.empty else (None, math.nan)
     out = {}
-    for kind in ("static", "threshold", "heuristic", "oracle"):
+    for kind in [cls.kind for cls in policy_kinds() if cls.kind != AUTOREGRESSIVE]:
         spec, value = best(kind)
+        if spec is None and kind not in ("static", "threshold", "heuristic", "oracle"):
+            continue  # a kind this grid did not hold
         out[f"best_{kind}"], out[f"best_{kind}_speedup"] = spec, value
     out["reference"] = REFERENCE_SETTING
     out["reference_speedup"] = float(sp.get(REFERENCE_SETTING, math.nan))

@@ -82,8 +82,12 @@ def _progress(iterable, total: int, desc: str, enabled: bool):
     return tqdm(iterable, total=total, desc=desc, file=sys.stderr, dynamic_ncols=True)
 
 
+ADAPTIVE_REFERENCE = "adaptive:0.4:20"  # transformers' default once scikit-learn is installed (an hf:adaptive peer)
+
+
 def default_timed_strategies(best: dict) -> list[str]:
-    specs = [AUTOREGRESSIVE, best.get("best_static") or "static:5", best.get("best_threshold"), REFERENCE_SETTING]
+    specs = [AUTOREGRESSIVE, best.get("best_static") or "static:5", best.get("best_threshold"), REFERENCE_SETTING,
+             ADAPTIVE_REFERENCE]
     return list(dict.fromkeys(s for s in specs if s))
 
 
@@ -297,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra strategy to replay (repeatable)")
     p.add_argument("--timed-strategies", default=None,
                    help="comma-separated specs to time (default: autoregressive, best static K, best threshold, "
-                        "threshold:0.4:20)")
+                        "threshold:0.4:20, adaptive:0.4:20)")
     p.add_argument("--timed-prompts", type=_int_arg, default=None,
                    help="how many prompts to time, spread over the kinds (default 6; quick: all)")
     p.add_argument("--reps", type=_int_arg, default=1, help="A B repetitions per prompt and strategy (median kept)")

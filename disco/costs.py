@@ -14,8 +14,8 @@ a CSV path
     per-pass costs measured elsewhere (``python -m disco profile --csv``): columns role, precision,
     kind (step | prefill), tokens, ms.
 
-A profile only changes time estimates, never the replayed iterations, so any profile can be applied to
-cached replay tables without loading the models.
+A profile only changes time estimates, never the replayed iterations (except for the one policy that reads
+it, ``costaware``), so any profile can be applied to cached replay tables without loading the models.
 """
 
 from __future__ import annotations

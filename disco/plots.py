@@ -19,18 +19,14 @@ import zlib
 import pandas as pd
 import plotly.graph_objects as go
 
+from disco.policies import policy_kinds
 from disco.trace import STOP_CONFIDENCE, STOP_NONE, parse_confidences
 
-# Okabe-Ito, colour-blind safe. One hue per kind of policy; variants of a kind get shades of it.
-KIND_COLORS = {
-    "autoregressive": "#6b7280",  # grey: the baseline
-    "static": "#0072b2",          # blue
-    "threshold": "#d55e00",       # vermillion: the dynamic (DISCO) lane
-    "heuristic": "#009e73",       # bluish green
-    "oracle": "#cc79a7",          # reddish purple
-}
-OTHER_COLORS = ("#e69f00", "#56b4e9", "#8c6d31", "#000000")  # Okabe-Ito minus the pale yellow
-CANONICAL = ("static:5", "threshold:0.4:20", "heuristic:5", "oracle:20")  # the pure hue of their kind
+# Okabe-Ito, colour-blind safe. One hue per kind of policy (each policy class declares its own: disco.policies);
+# variants of a kind get shades of it, the kind's canonical spec (static:5, threshold:0.4:20, ...) its pure hue.
+KIND_COLORS = {cls.kind: cls.color for cls in policy_kinds()}
+OTHER_COLORS = ("#e69f00", "#56b4e9", "#8c6d31", "#000000")  # for kinds no class declares (an old trace)
+CANONICAL = tuple(cls.canonical for cls in policy_kinds())
 FONT = "Inter, ui-sans-serif, system-ui, -apple-system, Segoe UI, Roboto, sans-serif"
 HEIGHT = 380
 _GRID = "#e8edf3"
@@ -45,7 +41,7 @@ TEMPLATE = go.layout.Template(layout=dict(
 
 
 def _kind(strategy: str) -> str:
-    return str(strategy).split(":", 1)[0]
+    return str(strategy).split("@", 1)[0].split(":", 1)[0]
 
 
 def _shade(hex_color: str, amount: float) -> str:

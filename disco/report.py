@@ -68,8 +68,8 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
         f"{meta.get('prompts_timed', 0)} timed), max_new_tokens={meta.get('max_new_tokens')}, greedy.  \n"
         f"Versions: torch {meta.get('torch')}, transformers {meta.get('transformers')}, python {meta.get('python')}; "
         f"threads {meta.get('threads')}; scikit-learn installed: {_fmt(meta.get('sklearn_available'))} "
-        f"(when installed, transformers adapts the threshold with an ROC curve; here it "
-        f"{'did' if meta.get('sklearn_available') else 'did not'}).  \n"
+        f"(transformers then adapts any non-zero threshold with an ROC curve: the `hf:adaptive` peer keeps that on, "
+        f"the fixed-threshold peers switch it off).  \n"
         f"Speed-up = autoregressive seconds / strategy seconds per prompt; geometric mean over prompts "
         f"[min–max across prompts]; decode-only speed-up leaves out iteration 1 (prefill fused with the first "
         f"verification). {_cost_sentence(meta)}")

@@ -68,7 +68,7 @@ def sweep(pair, prompts: list[SuitePrompt], specs: list[str], max_new_tokens: in
             at(0.0, "target's greedy output")
             table = build_table(pair, ids, max_new_tokens, cache_dir, name=p.id,
                                 progress=lambda done, total: at(0.5 * done / total, f"target's greedy output {done}/{total}"))
-            replay_many(table, specs, max_new_tokens, progress=lambda f: at(0.5 + 0.5 * f, "assistant's chains"))
+            replay_many(table, specs, max_new_tokens, costs, progress=lambda f: at(0.5 + 0.5 * f, "assistant's chains"))
         except Interrupted:
             return
         if table.dirty:

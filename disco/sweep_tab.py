@@ -22,13 +22,15 @@ from disco.analysis import REFERENCE_SETTING, best_settings
 from disco.heatmap import heatmap_figure
 from disco.suite import KINDS, BenchError, load_suite, pick_prompts
 from disco.sweep_service import replay_iterations, sweep
-from disco.replay import AUTOREGRESSIVE, KMAXES, STATIC_KS, default_grid
+from disco.policies import policy_class, policy_kinds
+from disco.replay import AUTOREGRESSIVE, CLASSIC_KINDS, KMAXES, STATIC_KS, default_grid, rule_kinds
 from disco.ui import COMPUTE_LOCK
 
 DEFAULT_TAUS = "0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9"
 DEFAULT_STATIC = ",".join(str(k) for k in STATIC_KS)
 DEFAULT_KMAXES = ",".join(str(k) for k in KMAXES)
 MAX_SWEEP_TOKENS = 256  # the slider's end
+RULE_CHOICES = [cls.kind for cls in policy_kinds() if cls.kind not in CLASSIC_KINDS]  # adaptive, entropy, ...
 MAX_FIELD_CHARS = 2000  # a grid field; the settings limit (limits.Budgets) is checked once the grid is built
 KEEP_SWEEP_CSVS = 40  # sweep CSVs kept on disk for downloads (older ones are deleted; Gradio keeps its own copy)
 DETAIL_COLUMNS = ["iteration", "lookahead", "accepted", "emitted", "stop_reason", "min_confidence", "max_lookahead",
@@ -55,13 +57,26 @@ def _numbers(text: str, cast, what: str, lo: float, hi: float) -> list:
     return values
 
 
-def grid_specs(static_ks: str, taus: str, kmaxes: str, heuristic: bool, oracle: bool, max_lookahead: int = 64) -> list[str]:
+def grid_specs(static_ks: str, taus: str, kmaxes: str, heuristic: bool, oracle: bool, max_lookahead: int = 64,
+               rules=()) -> list[str]:
+    """The sweep's grid: the classic kinds from the text fields, then each ticked stopping rule over its own
+    parameters' grid (``disco.policies`` metadata) with the KMAX values given."""
     ks = _numbers(static_ks, int, "static K", 1, max_lookahead)
     ts = _numbers(taus, float, "τ", 0, 1)
     ms = _numbers(kmaxes, int, "KMAX", 1, max_lookahead)
     if not ts or not ms:
         raise BenchError("give at least one τ and one KMAX")
-    return default_grid(ks, ts, ms, heuristic=(5,) if heuristic else (), oracle=oracle)
+    if isinstance(rules, str):
+        rules = [rules]
+    rules = list(dict.fromkeys(rules or ()))
+    known = set(RULE_CHOICES)
+    for kind in rules:
+        if kind not in known:
+            raise BenchError(f"unknown stopping rule {str(kind)[:40]!r}: choose from {', '.join(RULE_CHOICES)}")
+        reason = policy_class(kind).unavailable()
+        if reason:
+            raise BenchError(reason)
+    return default_grid(ks, ts, ms, heuristic=(5,) if heuristic else (), oracle=oracle, kinds=rules)
 
 
 def csv_path() -> Path:
@@ -117,8 +132,10 @@ def _status(summary: pd.DataFrame, done: int, total: int, seconds: float, profil
     fmt = lambda v: "—" if v is None or v != v else f"{v:.2f}x"  # noqa: E731
     return (f"**{done}/{total} prompts replayed** ({seconds:.0f} s). Best static: `{best.get('best_static')}` "
             f"{fmt(best.get('best_static_speedup'))} · `{REFERENCE_SETTING}` {fmt(best.get('reference_speedup'))} · "
-            f"best threshold: `{best.get('best_threshold')}` {fmt(best.get('best_threshold_speedup'))} · oracle "
-            f"{fmt(best.get('best_oracle_speedup'))}. Speed-ups are geometric means of estimated times "
+            f"best threshold: `{best.get('best_threshold')}` {fmt(best.get('best_threshold_speedup'))} · "
+            + "".join(f"best {kind}: `{best[f'best_{kind}']}` {fmt(best.get(f'best_{kind}_speedup'))} · "
+                      for kind in RULE_CHOICES if best.get(f"best_{kind}"))
+            + f"oracle {fmt(best.get('best_oracle_speedup'))}. Speed-ups are geometric means of estimated times "
             f"({_profile_words(profile)}).")
 
 
@@ -151,6 +168,10 @@ def build_sweep_tab(get_pair) -> None:
             with gr.Row():
                 heuristic = gr.Checkbox(True, label="heuristic:5")
                 oracle = gr.Checkbox(True, label="oracle (upper bound)")
+            rules = gr.CheckboxGroup(RULE_CHOICES, value=rule_kinds(), elem_id="sweep-rules",
+                                     label="More stopping rules (each over its own parameter grid, with these KMAX values)",
+                                     info=" · ".join(f"{cls.template()}" for cls in policy_kinds()
+                                                     if cls.kind in RULE_CHOICES))
             max_new_tokens = gr.Slider(8, MAX_SWEEP_TOKENS, value=48, step=8, label="Max new tokens", elem_id="sweep-max-new-tokens")
             with gr.Row():
                 cost_profile = gr.Dropdown(list(cost_mod.PRESETS), value=cost_mod.MEASURED, allow_custom_value=True,
@@ -179,13 +200,15 @@ def build_sweep_tab(get_pair) -> None:
     state = gr.State({})
 
     def run_sweep(prompt_ids, static_text, tau_text, kmax_text, use_heuristic, use_oracle, max_new,
-                  profile_menu=cost_mod.MEASURED, profile_csv=None, progress=gr.Progress(), request: gr.Request = None):
+                  profile_menu=cost_mod.MEASURED, profile_csv=None, rule_choice=(), progress=gr.Progress(),
+                  request: gr.Request = None):
         start = time.perf_counter()
         should_stop = stops.for_request(request)
         try:
             budgets = limits.Budgets.from_env()
             profile = profile_choice(profile_menu, profile_csv)
-            specs = grid_specs(static_text, tau_text, kmax_text, use_heuristic, use_oracle, budgets.max_lookahead)
+            specs = grid_specs(static_text, tau_text, kmax_text, use_heuristic, use_oracle, budgets.max_lookahead,
+                               rule_choice)
             if isinstance(prompt_ids, str):
                 prompt_ids = [prompt_ids]
             unknown = [i for i in (prompt_ids or []) if i not in by_id]
@@ -261,20 +284,20 @@ def build_sweep_tab(get_pair) -> None:
     outputs = [status, heatmap, table, setting, detail_prompt, csv_file, state]
     # Stop asks the sweep to end at its next progress report: the prompt in progress is dropped, completed
     # ones are kept (see ui.StopSignals)
-    inputs = [prompts, static_ks, taus, kmaxes, heuristic, oracle, max_new_tokens, cost_profile, cost_csv]
+    inputs = [prompts, static_ks, taus, kmaxes, heuristic, oracle, max_new_tokens, cost_profile, cost_csv, rules]
     run_event = stops.wire(run, stop, run_sweep, inputs, outputs, api_name="sweep", concurrency_id="compute", concurrency_limit=1,
                            show_progress="full", show_progress_on=[status])
     run_event.then(show_detail, [setting, detail_prompt, state], [detail_plot, detail_table],
                    api_visibility="private", concurrency_id="compute")
 
     def redraw(prompt_ids, static_text, tau_text, kmax_text, use_heuristic, use_oracle, max_new, profile_menu,
-               profile_csv, st, progress=gr.Progress(), request: gr.Request = None):
+               profile_csv, rule_choice, st, progress=gr.Progress(), request: gr.Request = None):
         """A new cost profile re-costs the last sweep's prompts and grid from their cached tables (seconds)."""
         if not st or not st.get("prompts"):
             yield tuple(gr.skip() for _ in outputs)
             return
         yield from run_sweep(st["prompts"], static_text, tau_text, kmax_text, use_heuristic, use_oracle,
-                             st.get("max_new_tokens", max_new), profile_menu, profile_csv, progress, request)
+                             st.get("max_new_tokens", max_new), profile_menu, profile_csv, rule_choice, progress, request)
 
     for widget in (cost_profile, cost_csv):
         widget.change(redraw, inputs + [state], outputs, api_visibility="private", concurrency_id="compute",

@@ -26,7 +26,7 @@ import pandas as pd
 from disco import divergence, limits, plots
 from disco.engine import DecodeSettings, InputError, Interrupted
 from disco.models import ModelLoadError, load_pair, resolve_assistant
-from disco.policies import STRATEGY_KINDS, StrategyError
+from disco.policies import STRATEGY_KINDS, StrategyError, canonical_spec, parse_strategy
 from disco.precision import PrecisionError
 from disco.race import AUTOREGRESSIVE, build_policies, race
 from disco.trace import SOURCE_AUTOREGRESSIVE, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT
@@ -123,13 +123,34 @@ def lane_spec(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_lookahe
     return spec
 
 
+SLIDER_WHAT = {"k": "static lookahead K", "threshold": "threshold", "kmax": "maximum lookahead"}
+
+
 def _template_spec(kind: str, k, threshold, max_lookahead) -> str:
+    """A kind's spec with each parameter taken from the shared slider its metadata names (``Param.slider``)."""
     info = KIND_HELP.get(kind)
     if info is None:
         raise StrategyError(f"unknown policy {kind!r}: choose one of {', '.join(LANE_KINDS)} or type a full spec")
-    values = {"K": str(_as_int(k, "static lookahead K")), "TAU": _fmt(_as_float(threshold, "threshold")),
-              "KMAX": str(_as_int(max_lookahead, "maximum lookahead"))}
-    return ":".join(values.get(part, part) for part in info.template.split(":"))
+    sliders = {"k": k, "threshold": threshold, "kmax": max_lookahead}
+    values = {}
+    for p in info.params:
+        raw = sliders.get(p.slider)
+        if raw is None:
+            continue  # no slider for it: the kind's default
+        what = SLIDER_WHAT[p.slider]
+        values[p.name] = _as_int(raw, what) if p.type is int else _as_float(raw, what)
+    return canonical_spec(kind, **values)
+
+
+def slider_label(slider: str, title: str) -> str:
+    """A shared slider's label naming what it fills in each kind, e.g. "Threshold: TAU of threshold; H of cumulative"."""
+    by_token: dict[str, list[str]] = {}
+    for i in STRATEGY_KINDS:
+        for p in i.params:
+            if p.slider == slider:
+                by_token.setdefault(p.token, []).append(i.kind)
+    parts = [f"{token} of {', '.join(kinds)}" for token, kinds in by_token.items()]
+    return f"{title}: {'; '.join(parts)}" if parts else title
 
 
 def lane_strategies(lane_a: str, lane_b: str, k, threshold, max_lookahead, baseline: bool,
@@ -163,14 +184,13 @@ def decode_settings(max_new_tokens=DEFAULTS.max_new_tokens, sample=DEFAULTS.samp
 
 def describe_strategy(spec: str) -> str:
     """One line of help for a spec, with its parameters filled in."""
-    kind, *args = spec.split(":")
-    info = KIND_HELP.get(kind)
-    if info is None:
+    try:
+        policy = parse_strategy(spec)
+    except StrategyError:
         return ""
-    names = info.template.split(":")[1:]
-    text = info.help
-    for name, value in sorted(zip(names, args), key=lambda nv: -len(nv[0])):  # KMAX before K
-        text = re.sub(rf"\b{name}\b", value, text)
+    text = policy.summary
+    for p in sorted(policy.params, key=lambda p: -len(p.token)):  # KMAX before K
+        text = re.sub(rf"\b{p.token}\b", f"{policy.values[p.name]:g}", text)
     return text
 
 
@@ -799,18 +819,14 @@ optimal and is transformers' default, which is this app's default dynamic lane.
 
 ## The lanes
 
-| policy | spec | what it does |
-|---|---|---|
-| autoregressive | `autoregressive` | the target alone, one forward pass per token: the baseline every speed-up is measured against |
-| static | `static:K` | always draft K tokens |
-| heuristic | `heuristic:K` | transformers' schedule: K += 2 after a fully accepted draft, else K − 1 (at least 1) |
-| threshold | `threshold:τ:KMAX` | dynamic lookahead: draft until the assistant's confidence < τ, at most KMAX |
-| oracle | `oracle:KMAX` | DISCO's upper bound (greedy only): drafts exactly the tokens the target will accept |
+{POLICY_TABLE}
 
 You can also type any spec directly into a lane's policy box. Lanes never run in parallel: they advance
 round-robin, one iteration at a time, and each lane is charged only its own measured time, so the numbers compare
 fairly even on a shared CPU. Tokens are coloured by origin: **green** accepted draft, **red** target correction,
 **blue** target bonus; hover a token for its iteration and the assistant's probability.
+
+{COSTAWARE}
 
 ## Reading the plots
 
@@ -862,3 +878,35 @@ client = Client("http://127.0.0.1:7860/")
 status, *_, iterations_csv, tokens_csv = client.predict("Write a haiku about caches.", api_name="/compare")
 ```
 """
+
+
+def policy_table_md() -> str:
+    """The About tab's table of policies, read from each kind's metadata (disco.policies)."""
+    from disco.policies import policy_kinds
+
+    rows = ["| policy | spec | what it does | from |", "|---|---|---|---|"]
+    for cls in policy_kinds():
+        rows.append(f"| {cls.kind} | `{cls.template()}` | {cls.summary} | {cls.cite or '—'} |")
+    return "\n".join(rows)
+
+
+COSTAWARE_MD = r"""
+## The cost-aware lane: a derivation
+
+`costaware[:KMAX]` has no parameter to tune; it reads this machine's cost profile (the *This machine* tab; in the
+benchmark, the `--cost-profile`). Measure costs in target steps $T(1)$. After the assistant drafted token $j$ of an
+iteration with confidence $p_j$ and running product $P_j = p_1 \cdots p_j$:
+
+* drafting token $j+1$ adds one output token exactly when it and every earlier draft are accepted; its probability
+  is estimated as $P_j \, p_j$ (the newest confidence stands in for the unseen next one), and one output token is
+  worth one target step, what it would cost without speculation;
+* its marginal cost is one assistant step, $c = A(1)/T(1)$, plus the extra verification cost of one more token,
+  $v_{j+1} = \big(T(j+2) - T(j+1)\big)/T(1)$ (the target is fed one committed token plus the drafts);
+* so it keeps drafting while $P_j \, p_j > c + v_{j+1}$, at most KMAX tokens. When even a sure first draft does not
+  pay, $c + v_1 \ge 1$, it drafts nothing and runs as the target alone.
+
+On a GPU-like profile (`flat:C`, verification free) the rule reads "continue while $P_j p_j > C$"; on a CPU where
+each verified token costs most of a step, it drafts little or nothing, which is what the measured profile says pays.
+"""
+
+ABOUT_MD = ABOUT_MD.replace("{POLICY_TABLE}", policy_table_md()).replace("{COSTAWARE}", COSTAWARE_MD)

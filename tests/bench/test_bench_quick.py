@@ -46,8 +46,9 @@ def test_runs_csv_has_replay_grid_timed_and_peer_rows(quick):
     timed = runs[runs["mode"] == "timed"]
     ours = timed[timed["implementation"] == "ours"]
     peer = timed[timed["implementation"] == "hf"]
-    assert {"autoregressive", "threshold:0.4:20"} <= set(ours["strategy"])
-    assert {"hf:autoregressive", "hf:threshold:0.4:20"} <= set(peer["strategy"])
+    assert {"autoregressive", "threshold:0.4:20", "adaptive:0.4:20"} <= set(ours["strategy"])
+    # transformers' own ROC-adapted threshold is a peer too: same text and target passes as ours (checked below)
+    assert {"hf:autoregressive", "hf:threshold:0.4:20", "hf:adaptive:0.4:20"} <= set(peer["strategy"])
     assert peer["strategy"].str.startswith("hf:").all()
     assert len(peer) == len(ours)  # every timed strategy has its peer (no oracle by default)
     # greedy decoding is lossless for both implementations, and both make the same target passes
@@ -61,7 +62,7 @@ def test_runs_csv_has_replay_grid_timed_and_peer_rows(quick):
     assert (runs["seconds"] > 0).all()
     ar = ours[ours["strategy"] == "autoregressive"]
     assert (ar["speedup"] == 1.0).all() and (ar["target_passes"] == ar["new_tokens"]).all()
-    assert (runs["sklearn_available"] == False).all()  # noqa: E712 - recorded, never installed here
+    assert (runs["sklearn_available"] == True).all()  # noqa: E712 - a dependency now (adaptive, disco)
 
 
 def test_validation_replay_predicts_timed_iterations_exactly(quick):
@@ -85,13 +86,13 @@ def test_summary_files(quick):
     assert "hf:threshold:0.4:20" in set(summary["strategy"])
     md = (quick / "summary.md").read_text()
     for text in ("best static K", "threshold:0.4:20", "oracle", "Theory beside measurement", "transformers",
-                 "ours / hf", "Validation", "scikit-learn installed: no", "heatmap.svg"):
+                 "ours / hf", "Validation", "scikit-learn installed: yes", "heatmap.svg"):
         assert text in md, text
     theory = pd.read_csv(quick / "theory.csv")
     assert 0 < theory["alpha"].iloc[0] <= 1 and theory["c"].iloc[0] > 0
     assert theory["replay_speedup"].notna().sum() >= 10
     meta = json.loads((quick / "meta.json").read_text())
-    assert meta["models"] == "tiny" and meta["sklearn_available"] is False
+    assert meta["models"] == "tiny" and meta["sklearn_available"] is True
     assert meta["best"]["best_static"].startswith("static:") and meta["best"]["best_threshold"].startswith("threshold:")
 
 

@@ -91,11 +91,13 @@ def test_sweep_endpoint_returns_the_heatmap_table_and_csv(prompts, tmp_path, mon
     assert "flat:0.05" in flat[0] and "2/2 prompts replayed" in flat[0]
     recosted = pd.read_csv(flat[5])
     merged = runs.merge(recosted, on=["prompt_id", "strategy"], suffixes=("", "_flat"))
-    assert len(merged) == len(runs) and (merged["target_passes"] == merged["target_passes_flat"]).all()
+    assert len(merged) == len(runs)
+    fixed = ~merged["strategy"].str.startswith("costaware")  # the cost-aware rule reads the profile: its passes may move
+    assert (merged[fixed]["target_passes"] == merged[fixed]["target_passes_flat"]).all()
     step = merged[merged["strategy"] == "autoregressive"].set_index("prompt_id")["seconds_flat"] / \
         merged[merged["strategy"] == "autoregressive"].set_index("prompt_id")["target_passes"]
     for _, row in merged.iterrows():
-        expected = step[row["prompt_id"]] * (row["target_passes"] + 0.05 * row["assistant_passes"])
+        expected = step[row["prompt_id"]] * (row["target_passes_flat"] + 0.05 * row["assistant_passes_flat"])
         assert row["seconds_flat"] == pytest.approx(expected, rel=1e-6)
     assert all(text.startswith("⚠") for text in bad_profiles), bad_profiles
     assert "unknown cost profile" in bad_profiles[0] and "C must be a number" in bad_profiles[1]
