@@ -35,7 +35,9 @@ from disco import costs as cost_mod
 from disco.costs import CostModel
 from disco.policies import StrategyError, parse_strategy
 from disco.replay import AUTOREGRESSIVE, KMAXES, STATIC_KS, TAUS, ReplayError, default_grid, replay_many
-from disco.suite import BenchError, DEFAULT_SUITE, SuitePrompt, filter_prompts, load_suite, pick_prompts
+from disco.suite import (
+    BenchError, DEFAULT_SUITE, SPLITS, SuitePrompt, filter_prompts, load_suite, pick_prompts, split_prompts,
+)
 from disco.runs import environment, prepare_table, replay_rows
 from disco.report import report_only, write_reports
 from disco.peer import timed_prompt, warm_up
@@ -61,6 +63,7 @@ class BenchConfig:
     timed_strategies: tuple[str, ...] = ()
     timed_prompts: int | None = 6
     prompts: str | None = None
+    split: str = "all"
     reps: int = 1
     calibration_reps: int = 2
     cache_dir: Path | None = None
@@ -96,7 +99,9 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
     from disco.models import load_pair
 
     wall = time.perf_counter()
-    prompts = filter_prompts(load_suite(cfg.suite), cfg.prompts)
+    prompts = split_prompts(filter_prompts(load_suite(cfg.suite), cfg.prompts), cfg.split)
+    if not prompts:
+        raise BenchError(f"no prompt of the {cfg.split} split matches --prompts")
     specs = list(dict.fromkeys(cfg.specs or default_grid()))
     for s in specs + list(cfg.timed_strategies):
         parse_strategy(s)  # fail fast, before any model work
@@ -304,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "threshold:0.4:20, adaptive:0.4:20)")
     p.add_argument("--timed-prompts", type=_int_arg, default=None,
                    help="how many prompts to time, spread over the kinds (default 6; quick: all)")
+    p.add_argument("--split", choices=SPLITS, default="all",
+                   help="replay only the suite's train or test prompts (split by prompt, alternately within each kind); "
+                        "with all (default) the report adds a train/test table: each kind's setting chosen on train, "
+                        "its speed-up on test")
     p.add_argument("--reps", type=_int_arg, default=1, help="A B repetitions per prompt and strategy (median kept)")
     p.add_argument("--calibration-reps", type=_int_arg, default=2, help="timings per pass size (median kept)")
     p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default OUT/tables)")
@@ -338,7 +347,7 @@ def config_from_args(args, argv: list[str]) -> BenchConfig:
         models=models, suite=args.suite, max_new_tokens=args.max_new_tokens or (32 if quick else 64), out=out,
         mode=args.mode or ("both" if quick else "replay"), dtype=args.dtype, device=args.device,
         assistant_precision=args.assistant_precision, specs=tuple(specs), timed_strategies=timed,
-        timed_prompts=args.timed_prompts or (None if quick else 6), prompts=prompts, reps=args.reps,
+        timed_prompts=args.timed_prompts or (None if quick else 6), prompts=prompts, split=args.split, reps=args.reps,
         calibration_reps=args.calibration_reps,
         cache_dir=args.cache_dir, cost_profile=args.cost_profile, peer=not args.no_peer, progress=not args.no_progress,
         command="python -m disco bench " + " ".join(argv),

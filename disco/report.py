@@ -13,6 +13,7 @@ from disco.costs import CostModel
 from disco.replay import AUTOREGRESSIVE, STATIC_KS
 from disco.suite import BenchError, KINDS
 from disco.heatmap import heatmap_figure, heatmap_grid, heatmap_svg
+from disco.holdout import best_new, holdout_frame, holdout_md
 from disco.analysis import (
     REFERENCE_SETTING, add_decode_speedup, best_settings, overall_rows, peer_frame, summarize_runs, theory_frame,
     validation_frame, validation_outcome,
@@ -249,7 +250,14 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
             files["heatmap_png"] = out / "heatmap.png"
         except Exception:  # noqa: BLE001 - any failure just means no PNG
             meta["heatmap_png"] = "skipped (kaleido not installed)"
-    (out / "summary.md").write_text(summary_markdown(meta, summary, theory, validation, val, peers), encoding="utf-8")
+    held = holdout_frame(runs_df)
+    text = summary_markdown(meta, summary, theory, validation, val, peers)
+    if not held.empty:
+        held.to_csv(out / "holdout.csv", index=False)
+        files["holdout"] = out / "holdout.csv"
+        meta["holdout_best_new"] = best_new(held)
+        text = text.rstrip("\n") + "\n\n" + holdout_md(held)
+    (out / "summary.md").write_text(text, encoding="utf-8")
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=_json_default), encoding="utf-8")
     return {"files": files, "meta": meta, "summary": summary, "runs": runs_df, "validation": validation, "peers": peers}
 

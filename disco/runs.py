@@ -72,7 +72,8 @@ def run_row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, 
          meta: dict, **extra) -> dict:
     seconds = s["seconds"]
     row = {
-        "prompt_id": prompt.id, "kind": prompt.kind, "chat": prompt.chat, "strategy": strategy, "mode": mode,
+        "prompt_id": prompt.id, "kind": prompt.kind, "split": prompt.split, "chat": prompt.chat, "strategy": strategy,
+        "mode": mode,
         "implementation": implementation, "seconds": seconds, "new_tokens": s["new_tokens"],
         "iterations": s.get("iterations"), "target_passes": s["target_calls"],
         "assistant_passes": extra.pop("assistant_passes", s.get("draft_calls")), "drafted": s.get("drafted"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ class SuitePrompt:
     kind: str
     chat: bool
     prompt: str
+    split: str = ""  # "train" or "test" (``split_of``): parameters are chosen on train, reported on test
 
 
 def load_suite(path: str | os.PathLike | None = None) -> list[SuitePrompt]:
@@ -62,7 +64,8 @@ def load_suite(path: str | os.PathLike | None = None) -> list[SuitePrompt]:
         prompts.append(SuitePrompt(pid, kind, bool(item.get("chat", False)), prompt))
     if not prompts:
         raise BenchError(f"suite {path} has no prompts")
-    return prompts
+    which = split_of(prompts)
+    return [dataclasses.replace(p, split=which[p.id]) for p in prompts]
 
 
 def pick_prompts(prompts: list[SuitePrompt], count: int | None) -> list[SuitePrompt]:
@@ -117,6 +120,6 @@ def split_prompts(prompts: list[SuitePrompt], split: str | None) -> list[SuitePr
         return list(prompts)
     if split not in SPLITS:
         raise BenchError(f"unknown split {split!r}: use {', '.join(SPLITS)}")
-    which = split_of(prompts)
+    which = {p.id: p.split for p in prompts} if all(p.split for p in prompts) else split_of(prompts)
     return [p for p in prompts if which[p.id] == split]
 

@@ -1,0 +1,56 @@
+"""Train/test selection: each kind's setting is chosen on train prompts only, reported on test prompts."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from disco.holdout import best_new, holdout_frame, holdout_md
+from disco.suite import load_suite, split_of, split_prompts
+
+
+def _runs(speedups: dict) -> pd.DataFrame:
+    rows = []
+    for (strategy, split), values in speedups.items():
+        for i, v in enumerate(values):
+            rows.append({"mode": "replay", "strategy": strategy, "split": split, "prompt_id": f"{split}{i}", "speedup": v})
+    return pd.DataFrame(rows)
+
+
+def test_each_kind_is_chosen_on_train_and_reported_on_test():
+    runs = _runs({
+        ("autoregressive", "train"): [1, 1], ("autoregressive", "test"): [1, 1],
+        ("static:2", "train"): [2, 2], ("static:2", "test"): [1.5, 1.5],
+        ("static:4", "train"): [1.8, 1.8], ("static:4", "test"): [3, 3],  # better on test, but never chosen
+        ("threshold:0.4:20", "train"): [2.1, 2.1], ("threshold:0.4:20", "test"): [2, 2],
+        ("threshold:0.6:10", "train"): [2.2, 2.2], ("threshold:0.6:10", "test"): [1.6, 1.6],
+        ("oracle:20", "train"): [4, 4], ("oracle:20", "test"): [4, 4],
+        ("cumulative:0.5:20", "train"): [2.5, 2.5], ("cumulative:0.5:20", "test"): [3.9, 3.9],
+        ("entropy:0.3:20", "train"): [2.4, 2.4], ("entropy:0.3:20", "test"): [4.0, 4.0],
+    })
+    frame = holdout_frame(runs).set_index("kind")
+    assert frame.loc["static", "setting"] == "static:2" and frame.loc["static", "test_speedup"] == pytest.approx(1.5)
+    assert frame.loc["threshold", "setting"] == "threshold:0.6:10"
+    assert frame.loc["cumulative", "vs_best_static"] == pytest.approx(3.9 / 1.5)
+    assert frame.loc["cumulative", "of_oracle"] == pytest.approx(3.9 / 4)
+    assert "threshold:0.4:20 (fixed)" in frame.index
+    best = best_new(holdout_frame(runs))
+    assert best["kind"] == "cumulative"  # best on train, although entropy is better on test
+    md = holdout_md(holdout_frame(runs))
+    assert "≥ best static K + 10 %: met" in md and "≥ 95 % of the oracle: met" in md
+
+
+def test_no_table_without_both_splits():
+    runs = _runs({("autoregressive", "train"): [1], ("static:2", "train"): [2]})
+    assert holdout_frame(runs).empty and holdout_md(holdout_frame(runs)) == ""
+
+
+def test_the_suite_splits_by_prompt_alternately_within_each_kind():
+    suite = load_suite()
+    which = split_of(suite)
+    assert {p.split for p in suite} == {"train", "test"} and all(which[p.id] == p.split for p in suite)
+    for kind in {p.kind for p in suite}:
+        ids = [p.id for p in suite if p.kind == kind]
+        assert [which[i] for i in ids[:2]] == ["train", "test"]
+    train, test = split_prompts(suite, "train"), split_prompts(suite, "test")
+    assert len(train) + len(test) == len(suite) and not {p.id for p in train} & {p.id for p in test}
