@@ -94,3 +94,19 @@ def test_the_auto_lane_runs_the_machine_profile_recommendation(client):
     auto = [s for s in set(trace["strategy"]) if s not in ("autoregressive", "static:5")]
     # the recommendation, or the target alone where no speculative setting beat it (then it runs once)
     assert (len(auto) == 1 and "@" in auto[0]) or (auto == [] and "auto = autoregressive" in result[0])
+
+
+@pytest.mark.parametrize("lane_a,lane_b,expect", [
+    ("adaptive", "entropy", {"adaptive:0.3:12", "entropy:0.3:12"}),
+    ("cumulative", "costaware", {"cumulative:0.3:12", "costaware:12"}),
+    ("disco", "cumulative:0.8:4", {"disco:12", "cumulative:0.8:4"}),
+])
+def test_the_new_stopping_rules_run_as_lanes(client, lane_a, lane_b, expect):
+    """Every new rule is a lane: its parameters come from the shared sliders its metadata names."""
+    result = client.predict("def add(a, b):", lane_a=lane_a, lane_b=lane_b, threshold=0.3, max_lookahead=12,
+                            max_new_tokens=24, chat=False, api_name="/compare")
+    trace = pd.read_csv(result[-2])
+    assert set(trace["strategy"]) == expect | {"autoregressive"}
+    rows = {r[0]: r for r in result[-3]["data"]}
+    assert all(rows[s][-1] == "yes" for s in expect)  # identical to the baseline
+    assert (trace.groupby("strategy")["new_tokens"].max() == 24).all()
