@@ -350,8 +350,14 @@ def config_from_args(args, argv: list[str]) -> BenchConfig:
         timed_prompts=args.timed_prompts or (None if quick else 6), prompts=prompts, split=args.split, reps=args.reps,
         calibration_reps=args.calibration_reps,
         cache_dir=args.cache_dir, cost_profile=args.cost_profile, peer=not args.no_peer, progress=not args.no_progress,
-        command="python -m disco bench " + " ".join(argv),
+        command=_env_prefix() + "python -m disco bench " + " ".join(argv),
     )
+
+
+def _env_prefix() -> str:
+    """The environment that changes what a bench run measures, written before its command (reproducible)."""
+    keep = [f"{name}={os.environ[name]}" for name in ("DISCO_CLASSIFIER", "ONEDNN_MAX_CPU_ISA") if os.environ.get(name)]
+    return " ".join(keep) + " " if keep else ""
 
 
 def main(argv: list[str] | None = None) -> int:

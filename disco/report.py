@@ -57,6 +57,15 @@ def _cost_sentence(meta: dict) -> str:
     return f"Cost profile `{name}`: replay seconds use per-pass costs read from that CSV (measured elsewhere)."
 
 
+def _classifier_sentence(meta: dict) -> str:
+    clf = meta.get("disco_classifier")
+    if not clf:
+        return ""
+    return (f"  \n`disco` lanes: classifier `{clf.get('path')}` (stop threshold {_fmt(clf.get('threshold'))}, tuned under "
+            f"cost profile `{clf.get('cost_profile')}` with the {clf.get('assistant_precision')} assistant; "
+            f"test-split ROC AUC {_fmt(clf.get('test_roc_auc'), '.3f')}).")
+
+
 def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | None, validation: dict,
                      val: pd.DataFrame, peers: pd.DataFrame) -> str:
     best = meta.get("best", {})
@@ -73,7 +82,7 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
         f"the fixed-threshold peers switch it off).  \n"
         f"Speed-up = autoregressive seconds / strategy seconds per prompt; geometric mean over prompts "
         f"[min–max across prompts]; decode-only speed-up leaves out iteration 1 (prefill fused with the first "
-        f"verification). {_cost_sentence(meta)}")
+        f"verification). {_cost_sentence(meta)}{_classifier_sentence(meta)}")
     overall = overall_rows(summary)
     if not overall.empty:
         parts += ["", "## Headline (replay, all prompts)", ""]

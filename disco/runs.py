@@ -40,6 +40,9 @@ def environment(pair, info: dict | None = None) -> dict:
                 sklearn_available=sklearn_available(), threads=torch.get_num_threads(),
                 cpu=cpu_info()["cpu"], cpu_flags=" ".join(cpu_info()["flags"]),
                 onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA", ""), machine=flags_line())
+    from disco.policies.classifier import weights_summary
+
+    info["disco_classifier"] = weights_summary()
     return info
 
 

@@ -96,6 +96,23 @@ def _weights() -> ClassifierWeights:
     return _CACHE[key]
 
 
+def weights_summary() -> dict | None:
+    """Which classifier ``disco`` lanes use (for reports): its file, threshold and training profile; None if none loads."""
+    try:
+        weights = _weights()
+    except StrategyError:
+        return None
+    meta = weights.meta or {}
+    path = weights_path()
+    try:
+        shown = str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        shown = str(path)
+    return {"path": shown, "threshold": weights.threshold, "cost_profile": meta.get("cost_profile"),
+            "assistant_precision": meta.get("assistant_precision"), "trained": meta.get("trained"),
+            "test_roc_auc": (meta.get("test") or {}).get("roc_auc")}
+
+
 class Disco(Policy):
     kind = "disco"
     summary = "DISCO: a trained classifier (python -m disco train) decides after each draft whether to go on"
