@@ -129,6 +129,10 @@ def test_sweep_tab_fills_the_heatmap_and_stops(page):
     boxes = page.locator("#sweep-prompts input[type=checkbox]")
     for i in range(boxes.count()):
         boxes.nth(i).check()
+    # the classic grid only (the stopping rules were in the first sweep): prompt 1 must end well within the wait
+    rules = page.locator("#sweep-rules input[type=checkbox]")
+    for i in range(rules.count()):
+        rules.nth(i).uncheck()
     set_slider(page, "sweep-max-new-tokens", 256)
     page.click("#sweep-run")
     page.wait_for_selector("#sweep-status:has-text('prompt 2/')", timeout=RUN_TIMEOUT_MS)
