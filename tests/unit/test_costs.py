@@ -113,7 +113,6 @@ def test_bench_recosts_cached_tables_under_a_flat_profile_without_the_models(tmp
     assert reads_costs.any() and not reads_costs.all()
     same = merged[~reads_costs]
     assert (same["target_passes_m"] == same["target_passes_f"]).all()
-    assert (same["new_tokens_m"] == same["new_tokens_f"]).all()
     assert (merged["new_tokens_m"] == merged["new_tokens_f"]).all()  # greedy: the text never changes
     ar = again[again["strategy"] == "autoregressive"].set_index("prompt_id")["seconds"]
     for _, row in again.iterrows():

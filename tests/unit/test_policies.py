@@ -149,6 +149,8 @@ def test_disco_scores_the_step_features_with_its_weights(tmp_path):
     ("{", "cannot read"), ('{"format": 1}', "malformed"), ("[]", "malformed"),
     ('{"format": 1, "features": ["prob"], "mean": [0], "scale": [1], "coef": [1], "intercept": 0, "threshold": 0.5}',
      "features must be"),
+    ('{"format": 1, "features": ["prob", "entropy", "margin", "index", "log_cumulative"], "mean": [0, 0, 0, 0, 0], '
+     '"scale": [1, 1, 1, 1, 1], "coef": [1, 1, 1, 1, 1], "intercept": 0, "threshold": 2.0}', "threshold must be in"),
 ])
 def test_a_malformed_classifier_is_refused_with_a_clear_error(tmp_path, monkeypatch, content, message):
     path = tmp_path / "bad.json"

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from disco.policies import StrategyError
 from disco.policies.classifier import FEATURES, ClassifierWeights, Disco
 from disco.replay import AUTOREGRESSIVE, ReplayTable, cached_table_paths, replay_many
 from disco.suite import load_suite, split_of
@@ -39,8 +38,7 @@ def test_train_writes_weights_that_load_with_their_test_split_metrics(trained):
     weights = ClassifierWeights.load(out)
     assert len(weights.coef) == len(FEATURES) and 0 <= weights.threshold <= 1
     meta = weights.meta
-    suite = {p.id: p for p in load_suite()}
-    which = split_of(list(suite.values()))
+    which = split_of(load_suite())
     assert meta["train_prompts"] and meta["test_prompts"]
     assert all(which[p] == "train" for p in meta["train_prompts"]) and all(which[p] == "test" for p in meta["test_prompts"])
     assert meta["test"]["samples"] > 0 and 0 <= meta["test"]["roc_auc"] <= 1
@@ -56,20 +54,11 @@ def test_disco_lane_on_the_trained_weights_is_lossless_in_replay(trained):
     weights = ClassifierWeights.load(out)
     paths = cached_table_paths(tables, "code-csv-parse")
     assert paths
-    for path in paths[:1]:
-        table = ReplayTable.from_dict(json.loads(path.read_text()), path)
-        res = replay_many(table, [AUTOREGRESSIVE, Disco("disco:5", weights=weights, k=5)], 16)
-        assert res["disco:5"].output_ids == res[AUTOREGRESSIVE].output_ids
-        xs, ys = samples(table, 16, 5)
-        assert len(xs) == len(ys) > 0 and set(ys) <= {0, 1} and all(len(x) == len(FEATURES) for x in xs)
-
-
-def test_a_malformed_weights_file_is_refused(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"format": 1, "mean": [0.0], "scale": [1.0], "coef": [1.0], "intercept": 0.0,
-                               "threshold": 2.0}))
-    with pytest.raises(StrategyError, match="malformed"):
-        ClassifierWeights.load(bad)
+    table = ReplayTable.from_dict(json.loads(paths[0].read_text()), paths[0])
+    res = replay_many(table, [AUTOREGRESSIVE, Disco("disco:5", weights=weights, k=5)], 16)
+    assert res["disco:5"].output_ids == res[AUTOREGRESSIVE].output_ids
+    xs, ys = samples(table, 16, 5)
+    assert len(xs) == len(ys) > 0 and set(ys) <= {0, 1} and all(len(x) == len(FEATURES) for x in xs)
 
 
 @pytest.mark.parametrize("args,needle", [
