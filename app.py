@@ -1,4 +1,4 @@
-"""DISCO Lab: static vs dynamic speculation lookahead, side by side (Gradio app; logic in disco/ui.py).
+"""DISCO Lab: static vs dynamic speculation lookahead, side by side (Gradio app: layout and wiring; logic in disco/app/).
 
     python app.py                      # the embedded Qwen2.5-Coder 1.5B/0.5B pair
     DISCO_MODELS=tiny python app.py    # tiny random models: instant, for trying the UI
@@ -10,15 +10,21 @@ import os
 
 import gradio as gr
 
-from disco import limits, plots, ui, zerogpu
+from disco import limits
+from disco.app import about, plots, race_tab as ui, zerogpu
+from disco.app.lanes import LANES_CSS, summary_frame
+from disco.app.loader import ModelLoader
+from disco.app.session import STOP_LABEL, StopSignals
+from disco.app.sweep_tab import build_sweep_tab
 
 THEME = gr.themes.Soft(primary_hue="orange", neutral_hue="slate")
 PAGE_CSS = ".gradio-container { max-width: 1600px !important; } #disco-status p { margin: 0; }"
 
 
 def build_demo(models: str | None = None) -> gr.Blocks:
-    loader = ui.ModelLoader(models or os.environ.get("DISCO_MODELS", "embedded")).start()
-    stops = ui.StopSignals()
+    # The page's layout, top to bottom, in one place (Gradio layout is declarative); the logic is in disco/app/.
+    loader = ModelLoader(models or os.environ.get("DISCO_MODELS", "embedded")).start()
+    stops = StopSignals()
     d = ui.DEFAULTS
 
     def compare(prompt, lane_a=d.lane_a, lane_b=d.lane_b, k=d.k, threshold=d.threshold, max_lookahead=d.max_lookahead,
@@ -81,28 +87,23 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                             seed = gr.Number(value=d.seed, precision=0, label="Seed", minimum=0)
                     with gr.Row():
                         run = gr.Button("▶ Run", variant="primary", elem_id="run")
-                        stop = gr.Button(ui.STOP_LABEL, variant="stop", elem_id="stop")
+                        stop = gr.Button(STOP_LABEL, variant="stop", elem_id="stop")
             run_status = gr.Markdown(f"Ready: press **Run**. <small>This app's {budgets.words()} "
                                      "(runs take turns; a queued run shows its position).</small>",
                                      elem_id="run-status", min_height=48)
-            lanes = gr.HTML(ui.empty_lanes_html(), css_template=ui.LANES_CSS, js_on_load=None, elem_id="lanes")
+            lanes = gr.HTML(ui.empty_lanes_html(), css_template=LANES_CSS, js_on_load=None, elem_id="lanes")
             with gr.Row():
                 race_plot = gr.Plot(plots.empty_figure(plots.RACE_TITLE), show_label=False, elem_id="plot-race")
                 lookahead_plot = gr.Plot(plots.empty_figure(plots.LOOKAHEAD_TITLE), show_label=False, elem_id="plot-lookahead")
             with gr.Row():
                 latency_plot = gr.Plot(plots.empty_figure(plots.LATENCY_TITLE), show_label=False, elem_id="plot-latency")
                 confidence_plot = gr.Plot(plots.empty_figure(plots.CONFIDENCE_TITLE), show_label=False, elem_id="plot-confidence")
-            summary = gr.Dataframe(ui.summary_frame([]), label="Summary", interactive=False, elem_id="summary")
+            summary = gr.Dataframe(summary_frame([]), label="Summary", interactive=False, elem_id="summary")
             with gr.Row():
                 iterations_csv = gr.File(label="Download CSV: per-iteration trace", elem_id="iterations-csv")
                 tokens_csv = gr.File(label="Download CSV: per-token trace", elem_id="tokens-csv")
         with gr.Tab("Sweep"):
-            try:
-                from disco.sweep_tab import build_sweep_tab
-            except ImportError:
-                gr.Markdown("The sweep tab is not available in this build (`disco.sweep_tab` is missing).")
-            else:
-                build_sweep_tab(loader.get)
+            build_sweep_tab(loader.get)
         with gr.Tab("This machine"):
             machine_md = gr.Markdown("○ waiting for the models…", elem_id="machine")
             with gr.Row():
@@ -111,7 +112,7 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                 machine_speedup = gr.Plot(plots.empty_figure(plots.MACHINE_SPEEDUP_TITLE, "waiting for the models…"),
                                           show_label=False, elem_id="plot-machine-speedup")
         with gr.Tab("About"):
-            gr.Markdown(ui.ABOUT_MD, latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
+            gr.Markdown(about.about_md(), latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
                                                        {"left": "$", "right": "$", "display": False}])
 
         inputs = [prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens, baseline, chat, sample,
@@ -119,7 +120,7 @@ def build_demo(models: str | None = None) -> gr.Blocks:
         outputs = [run_status, lanes, race_plot, lookahead_plot, latency_plot, confidence_plot, summary,
                    iterations_csv, tokens_csv]
         # Stop ends the race at its next transformer layer, dropping the unfinished iteration; the race itself
-        # then shows "Stopped" with the partial trace (see ui.StopSignals)
+        # then shows "Stopped" with the partial trace (see disco.app.session.StopSignals)
         # preprocess=False: compare checks every value itself (disco.limits, the engine), so a caller who sends a
         # string for a slider gets our one-line message, not Gradio's multi-line preprocessing report
         stops.wire(run, stop, compare, inputs, outputs, api_name="compare", concurrency_id="compute",

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from disco.engine import InputError
+from disco.errors import InputError
 
 SEED_MAX = 2**63 - 1
 PROMPT_MAX_CHARS = 100_000  # far above any model context here; refuses a pasted file before tokenizing it

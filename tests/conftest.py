@@ -46,7 +46,8 @@ def make_small_pair(vocab: int = 4, seed: int = 0, sharpness: float = 0.5, noise
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from disco.models import ModelPair, perturb_
+    from disco.models import ModelPair
+    from disco.models.tiny import perturb_
 
     def model(s: int):
         torch.manual_seed(s)
@@ -107,11 +108,22 @@ TEST_CLASSIFIER = {  # a hand-made DISCO classifier: goes on while the draft's c
 
 def pytest_configure(config):
     """Every test (and every app or CLI process a test starts) uses the hand-made classifier above, so the tests do
-    not depend on the trained weights in assets/."""
+    not depend on the trained weights in assets/; and a cache of its own (``DISCO_CACHE``), so tables and
+    measurements of the tests never mix with the user's. Only the prepared models are shared with the user's
+    cache (linked), so the embedded pair is converted once per machine, not once per test session."""
     import json
     import tempfile
+    from pathlib import Path
 
-    path = os.path.join(tempfile.mkdtemp(prefix="disco-test-"), "classifier.json")
-    with open(path, "w") as f:
-        json.dump(TEST_CLASSIFIER, f)
-    os.environ["DISCO_CLASSIFIER"] = path
+    from disco import cache
+
+    work = Path(tempfile.mkdtemp(prefix="disco-test-"))
+    path = work / "classifier.json"
+    path.write_text(json.dumps(TEST_CLASSIFIER))
+    os.environ["DISCO_CLASSIFIER"] = str(path)
+    real = cache.root()
+    (work / "cache").mkdir()
+    for shared in (cache.models_dir(), cache.gguf_dir()):
+        shared.mkdir(parents=True, exist_ok=True)
+        (work / "cache" / shared.relative_to(real)).symlink_to(shared, target_is_directory=True)
+    os.environ["DISCO_CACHE"] = str(work / "cache")

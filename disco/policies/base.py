@@ -25,14 +25,17 @@ assistant precision that lane drafts with (``disco.precision``; without one the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from disco.errors import UserError
 
 MAX_LOOKAHEAD_LIMIT = 128  # beyond this a draft is never worth its cost; guards against typos like static:5000
 ASSISTANT_SUFFIXES = ("model", "int8")
 
 
-class StrategyError(ValueError):
+class StrategyError(UserError, ValueError):
     """A strategy spec that cannot be parsed or is out of range (a user error, not a bug)."""
 
 
@@ -93,9 +96,13 @@ class Param:
             except ValueError:
                 raise StrategyError(f"strategy {spec!r}: {self.token} must be a number in "
                                     f"[{format_value(self.lo)}, {format_value(self.hi)}], got {text!r}") from None
-        if not self.lo <= value <= self.hi:  # also rejects nan
+        return self.check(value, spec, text)
+
+    def check(self, value, spec: str, shown=None):
+        """``value`` if it is within the parameter's range (nan is not), else a StrategyError naming ``spec``."""
+        if not self.lo <= value <= self.hi:
             raise StrategyError(f"strategy {spec!r}: {self.token} must be between {format_value(self.lo)} and "
-                                f"{format_value(self.hi)}, got {text}")
+                                f"{format_value(self.hi)}, got {value if shown is None else shown}")
         return value
 
 
@@ -147,6 +154,8 @@ class Policy:
         if values:
             raise TypeError(f"{self.kind} has no parameter(s) {', '.join(values)}")
         self.spec = spec if spec is not None else canonical_spec(self.kind, **self.values)
+        for p in self.params:  # a policy built from numbers (a grid, the sliders) is held to the grammar's ranges
+            p.check(self.values[p.name], self.spec)
         self.assistant_precision: str | None = None  # from a ``@model`` / ``@int8`` suffix; None = run default
         self.context = RunContext()
         self.reset()
@@ -182,6 +191,24 @@ class Policy:
     def update(self, steps: list[DraftStep], accepted: int) -> None:
         pass
 
+    def drafting_with(self, precision: str | None) -> "Policy":
+        """This policy drafting with the assistant in ``precision`` (``@model`` / ``@int8`` on its spec, so two lanes
+        that differ only in their assistant are two lanes); None, or a policy that uses no assistant, is unchanged."""
+        if precision is None or not self.uses_assistant:
+            return self
+        if precision not in ASSISTANT_SUFFIXES:
+            raise StrategyError(f"unknown assistant precision {precision!r} (use {' or '.join(ASSISTANT_SUFFIXES)})")
+        self.spec = f"{self.spec.partition('@')[0]}@{precision}"
+        self.assistant_precision = precision
+        return self
+
+    def describe(self) -> str:
+        """One line of help with this policy's parameters filled in (``draft until ... < 0.4, at most 20``)."""
+        text = self.summary
+        for p in sorted(self.params, key=lambda p: -len(p.token)):  # KMAX before K
+            text = re.sub(rf"\b{p.token}\b", f"{self.values[p.name]:g}", text)
+        return text
+
     # -- metadata ------------------------------------------------------------------------------------
 
     @classmethod
@@ -196,15 +223,6 @@ class Policy:
                 out += f"[:{p.token}"
                 closing += "]"
         return out + closing
-
-    @classmethod
-    def grid(cls) -> list[str]:
-        """The specs the default grids try for this kind (every combination of its parameters' grid values)."""
-        specs = [{}]
-        for p in cls.params:
-            values = p.grid or (p.default,)
-            specs = [{**s, p.name: v} for v in values for s in specs]  # first parameter varies fastest
-        return [canonical_spec(cls.kind, **s) for s in specs]
 
     @classmethod
     def unavailable(cls) -> str | None:
@@ -279,22 +297,3 @@ def parse_strategy(spec: str) -> Policy:
 def spec_kind(spec: str) -> str:
     """The kind of a spec (``threshold:0.4:20@int8`` -> ``threshold``) without validating it."""
     return spec.strip().partition("@")[0].split(":", 1)[0].strip()
-
-
-def spec_values(spec: str) -> dict:
-    """A valid spec's parameters by name (the precision suffix ignored)."""
-    return dict(parse_strategy(spec.partition("@")[0]).values)
-
-
-@dataclass(frozen=True)
-class StrategyInfo:
-    """What menus and help show for one kind (read from the policy class)."""
-
-    kind: str
-    template: str
-    help: str
-    params: tuple[Param, ...] = field(default_factory=tuple)
-
-
-def strategy_infos() -> tuple[StrategyInfo, ...]:
-    return tuple(StrategyInfo(cls.kind, cls.template(), cls.summary, cls.params) for cls in policy_kinds())

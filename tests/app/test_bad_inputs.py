@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from disco.__main__ import main
+from disco.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SURROGATE = "abc\udcff def"  # what Python makes of invalid UTF-8 bytes in argv (surrogateescape)
@@ -169,7 +169,7 @@ def client(serve_app, tmp_path_factory):
     import app
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DISCO_REPLAY_CACHE", str(tmp_path_factory.mktemp("replay")))
+        mp.setenv("DISCO_CACHE", str(tmp_path_factory.mktemp("replay")))
         with serve_app(app.build_demo("tiny"), **app.launch_kwargs()) as url:
             yield Client(url, verbose=False), url
 

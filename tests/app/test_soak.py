@@ -26,7 +26,7 @@ def _rss_mb() -> float:
 @pytest.fixture(scope="module")
 def url(serve_app, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DISCO_REPLAY_CACHE", str(tmp_path_factory.mktemp("replay")))
+        mp.setenv("DISCO_CACHE", str(tmp_path_factory.mktemp("replay")))
         with serve_app(app.build_demo("tiny"), **app.launch_kwargs()) as u:
             yield u
 

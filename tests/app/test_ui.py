@@ -10,11 +10,13 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from disco import plots, ui
-from disco.engine import DecodeSettings, InputError
+from disco.app import lanes, loader as loader_mod, plots, race_tab as ui, session
+from disco.policies import parse_strategy
+from disco.decode.settings import DecodeSettings
+from disco.errors import InputError
 from disco.models import TINY
-from disco.race import run_all
-from disco.trace import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT
+from disco.decode.race import run_all
+from disco.decode.trace import SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT
 
 N_TOKENS = 16
 
@@ -45,41 +47,57 @@ def _token_count(lanes: str, strategy: str) -> int:
 # controls -> specs
 
 
+class _Profile:
+    """What the auto lane reads of this machine's profile: its recommendation."""
+
+    def __init__(self, auto: str):
+        self.recommended = {"auto": auto}
+
+
+def spec(*args, **kwargs) -> str:
+    return ui.lane_policy(*args, **kwargs).spec
+
+
+def specs(*args, **kwargs) -> tuple[list[str], list[str]]:
+    lanes, notes = ui.lane_policies(*args, **kwargs)
+    return [p.spec for p in lanes], notes
+
+
 def test_lane_specs_from_controls():
-    assert ui.lane_spec("static", 7, 0.4, 20) == "static:7"
-    assert ui.lane_spec("heuristic", 3, 0.4, 20) == "heuristic:3"
-    assert ui.lane_spec("threshold", 5, 0.30000000000000004, 12.0) == "threshold:0.3:12"
-    assert ui.lane_spec("oracle", 5, 0.4, 9) == "oracle:9"
-    assert ui.lane_spec(" threshold:0.2:6 ", 5, 0.4, 9) == "threshold:0.2:6"  # typed spec used verbatim
-    strategies, notes = ui.lane_strategies("static", "threshold", 5, 0.4, 20, True)
+    assert spec("static", 7, 0.4, 20) == "static:7"
+    assert spec("heuristic", 3, 0.4, 20) == "heuristic:3"
+    assert spec("threshold", 5, 0.30000000000000004, 12.0) == "threshold:0.3:12"
+    assert spec("oracle", 5, 0.4, 9) == "oracle:9"
+    assert spec(" threshold:0.2:6 ", 5, 0.4, 9) == "threshold:0.2:6"  # typed spec used verbatim
+    strategies, notes = specs("static", "threshold", 5, 0.4, 20, True)
     assert strategies == ["autoregressive", "static:5", "threshold:0.4:20"] and notes == []
-    strategies, notes = ui.lane_strategies("static", "static", 5, 0.4, 20, False)
+    strategies, notes = specs("static", "static", 5, 0.4, 20, False)
     assert strategies == ["static:5"] and len(notes) == 2  # duplicate dropped, no baseline
 
 
 def test_every_engine_kind_is_offered():
-    from disco.policies import STRATEGY_KINDS, parse_strategy
+    from disco.policies import parse_strategy, policy_kinds
 
-    assert set(ui.LANE_KINDS) == {k.kind for k in STRATEGY_KINDS} - {"autoregressive"} | {"auto"}
+    assert set(ui.LANE_KINDS) == {cls.kind for cls in policy_kinds()} - {"autoregressive"} | {"auto"}
     for kind in ui.LANE_KINDS:
-        parse_strategy(ui.lane_spec(kind, auto_spec="static:3@int8"))  # every default spec is valid
+        parse_strategy(spec(kind, profile=_Profile("static:3@int8")))  # every default spec is valid
 
 
 def test_lane_assistants_and_the_auto_lane():
-    assert ui.lane_spec("static", 4, assistant="int8") == "static:4@int8"
-    assert ui.lane_spec("static:2@model", assistant="int8") == "static:2@model"  # a typed suffix wins
-    assert ui.lane_spec("auto", auto_spec="threshold:0.3:10@int8") == "threshold:0.3:10@int8"
-    assert ui.lane_spec("auto", assistant="model", auto_spec="threshold:0.3:10@int8") == "threshold:0.3:10@model"
+    assert spec("static", 4, assistant="int8") == "static:4@int8"
+    assert spec("static:2@model", assistant="int8") == "static:2@model"  # a typed suffix wins
+    assert spec("auto", profile=_Profile("threshold:0.3:10@int8")) == "threshold:0.3:10@int8"
+    assert spec("auto", assistant="model", profile=_Profile("threshold:0.3:10@int8")) == "threshold:0.3:10@model"
     with pytest.raises(InputError, match="still being measured"):
-        ui.lane_spec("auto", auto_spec=None)
+        spec("auto", profile=None)
     # where speculation does not pay, auto is the target alone: it joins the baseline instead of doubling it
-    assert ui.lane_spec("auto", assistant="int8", auto_spec="autoregressive") == "autoregressive"
-    strategies, notes = ui.lane_strategies("auto", "static", 5, 0.4, 20, True, auto_spec="autoregressive")
+    assert spec("auto", assistant="int8", profile=_Profile("autoregressive")) == "autoregressive"
+    strategies, notes = specs("auto", "static", 5, 0.4, 20, True, profile=_Profile("autoregressive"))
     assert strategies == ["autoregressive", "static:5"] and "auto = autoregressive" in notes[0]
     with pytest.raises(InputError, match="unknown assistant"):
-        ui.lane_spec("static", assistant="fp8")
+        spec("static", assistant="fp8")
     # the same policy with both assistants: two lanes, side by side
-    strategies, notes = ui.lane_strategies("static", "static", 5, 0.4, 20, True, ("model", "int8"))
+    strategies, notes = specs("static", "static", 5, 0.4, 20, True, ("model", "int8"))
     assert strategies == ["autoregressive", "static:5@model", "static:5@int8"] and notes == []
 
 
@@ -157,7 +175,7 @@ def test_stop_before_the_first_iteration_ends_cleanly(pair):
 
 
 def test_stop_signals_are_per_session_and_rearmed_by_run():
-    stops = ui.StopSignals()
+    stops = session.StopSignals()
     mine, theirs = stops.checker("a"), stops.checker("b")
     assert not mine() and not theirs()
     assert stops.request("a") is False  # nothing queued or running: nothing to report
@@ -176,7 +194,7 @@ class _Request:
 
 
 def test_a_stop_with_nothing_running_cannot_end_a_later_run():
-    stops = ui.StopSignals()
+    stops = session.StopSignals()
     # Stop pressed in an idle session: a no-op, so the next run in that session (browser or API) runs
     assert stops.request("idle") is False and not stops.checker("idle")()
     assert not stops.for_request(_Request("idle"))()
@@ -222,7 +240,7 @@ def test_extreme_sliders_run(pair):
 
 
 def test_loader_failure_is_reported():
-    loader = ui.ModelLoader("/nonexistent/target::/nonexistent/assistant").start()
+    loader = loader_mod.ModelLoader("/nonexistent/target::/nonexistent/assistant").start()
     with pytest.raises(Exception):
         loader.get(timeout=60)
     assert loader.status().startswith("✗")
@@ -240,7 +258,7 @@ def test_lanes_html_escapes_and_colours_tokens():
         ("static:5", 1, 11, '" onmouseover="x', SOURCE_CORRECTION, float("nan"), 1),
         ("static:5", 2, 12, "&amp;\n", SOURCE_BONUS, float("nan"), 2),
     ], columns=["strategy", "position", "token_id", "text", "source", "draft_prob", "iteration"])
-    page = ui.lanes_html(["static:5"], tokens, None)
+    page = lanes.lanes_html([parse_strategy("static:5")], tokens, None)
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert '" onmouseover' not in page
     assert "&amp;amp;" in page
@@ -255,7 +273,7 @@ def test_split_characters_are_joined(pair):
         ("static:5", 1, 2, "\ufffd", SOURCE_DRAFT, 0.8, 1),
         ("static:5", 2, 3, "!", SOURCE_BONUS, float("nan"), 1),
     ], columns=["strategy", "position", "token_id", "text", "source", "draft_prob", "iteration"])
-    page = ui.lanes_html(["static:5"], tokens, None, decode=lambda ids: "é" if ids == [1, 2] else "\ufffd")
+    page = lanes.lanes_html([parse_strategy("static:5")], tokens, None, decode=lambda ids: "é" if ids == [1, 2] else "\ufffd")
     assert "é" in page and "\ufffd" not in page and page.count('<span class="t-') == 2
 
 

@@ -9,8 +9,13 @@ import sys
 import pandas as pd
 import pytest
 
-from disco import bench
-from disco.replay import default_grid
+from disco import cli
+
+
+def bench_main(argv: list[str]) -> int:
+    """``python -m disco bench ARGV``, in this process."""
+    return cli.main(["bench", *argv])
+from disco.policies.grids import default_grid
 
 RUN_COLUMNS = {"prompt_id", "kind", "chat", "strategy", "mode", "implementation", "seconds", "new_tokens",
                "iterations", "target_passes", "assistant_passes", "acceptance_rate", "mean_lookahead",
@@ -21,7 +26,7 @@ RUN_COLUMNS = {"prompt_id", "kind", "chat", "strategy", "mode", "implementation"
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "quick"
-    code = bench.main(["--quick", "--out", str(out), "--no-progress"])
+    code = bench_main(["--quick", "--out", str(out), "--no-progress"])
     assert code == 0
     return out
 
@@ -40,7 +45,7 @@ def test_runs_csv_has_replay_grid_timed_and_peer_rows(quick):
     prompts = runs["prompt_id"].unique()
     assert len(prompts) == 3 and set(runs["kind"]) >= {"code", "explanation"}
     replay = runs[runs["mode"] == "replay"]
-    assert set(replay["strategy"]) == set(default_grid())
+    assert set(replay["strategy"]) == {p.spec for p in default_grid()}
     assert len(replay) == len(prompts) * len(default_grid())
     assert replay["identical_to_autoregressive"].astype(bool).all()
     timed = runs[runs["mode"] == "timed"]
@@ -79,7 +84,7 @@ def test_validation_replay_predicts_timed_iterations_exactly(quick):
 def test_summary_files(quick):
     summary = pd.read_csv(quick / "summary.csv")
     rows = summary[(summary["mode"] == "replay") & (summary["kind"] == "all")]
-    assert set(rows["strategy"]) == set(default_grid())
+    assert set(rows["strategy"]) == {p.spec for p in default_grid()}
     assert (rows.set_index("strategy").loc["autoregressive", "speedup_geomean"]) == pytest.approx(1.0)
     assert {"all", "code"} <= set(summary["kind"])
     assert (summary["speedup_min"] <= summary["speedup_geomean"] + 1e-9).all()
@@ -100,7 +105,7 @@ def test_report_only_rebuilds_the_summaries_without_models(quick):
     before = (quick / "summary.md").read_text()
     (quick / "summary.md").unlink()
     (quick / "heatmap.svg").unlink()
-    assert bench.main(["--report-only", "--out", str(quick)]) == 0
+    assert bench_main(["--report-only", "--out", str(quick)]) == 0
     after = (quick / "summary.md").read_text()
     assert (quick / "heatmap.svg").is_file()
     cut = lambda text: text.split("## Validation")[0]  # noqa: E731
@@ -117,14 +122,14 @@ def test_report_only_rebuilds_the_summaries_without_models(quick):
     (["--report-only"], "runs.csv"),
 ])
 def test_errors_are_one_line_and_exit_2(argv, needle, capsys, tmp_path):
-    code = bench.main(argv + ["--out", str(tmp_path / "out"), "--no-progress"])
+    code = bench_main(argv + ["--out", str(tmp_path / "out"), "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and err.startswith("disco bench: error:") and needle in err
 
 
 def test_module_entry_point_runs_on_its_own():
-    proc = subprocess.run([sys.executable, "-m", "disco.bench", "--mode", "sideways"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "disco", "bench", "--mode", "sideways"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("disco bench: error:") and len(proc.stderr.strip().splitlines()) == 1

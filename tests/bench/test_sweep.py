@@ -5,12 +5,15 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from disco import suite, sweep_service, sweep_tab
-from disco.suite import BenchError
-from disco.engine import DecodeSettings
-from disco.race import run_all
+from disco.bench import suite, sweep as sweep_service
+from disco.app import sweep_tab
+from disco.bench.suite import BenchError
+from disco.decode.settings import DecodeSettings
+from disco.decode.race import run_all
+from disco.policies import parse_strategy
 
 SPECS = ["static:2", "threshold:0.4:6", "oracle:6"]
+GRID = [parse_strategy(s) for s in SPECS]
 MAX_NEW = 12
 
 
@@ -20,7 +23,7 @@ def prompts():
 
 
 def test_sweep_grows_one_prompt_at_a_time_and_matches_real_decoding(tiny_pair, prompts, tmp_path):
-    updates = list(sweep_service.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path))
+    updates = list(sweep_service.sweep(tiny_pair, prompts, GRID, MAX_NEW, tmp_path))
     assert [u.done for u in updates] == [1, 2] and all(u.total == 2 for u in updates)
     runs = updates[-1].runs
     assert len(runs) == 2 * (1 + len(SPECS))  # the autoregressive baseline is always replayed
@@ -45,7 +48,7 @@ def test_stop_drops_the_prompt_in_progress_and_keeps_completed_ones(tiny_pair, p
         return state["done"] >= (0 if when == "first" else 1)
 
     updates = []
-    for update in sweep_service.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path, should_stop=should_stop):
+    for update in sweep_service.sweep(tiny_pair, prompts, GRID, MAX_NEW, tmp_path, should_stop=should_stop):
         updates.append(update)
         state["done"] = update.done
     expected = 0 if when == "first" else 1
@@ -55,16 +58,16 @@ def test_stop_drops_the_prompt_in_progress_and_keeps_completed_ones(tiny_pair, p
     # the dropped prompt left no table behind; a later sweep computes it afresh and completes
     tables = [f for f in tmp_path.glob("*.json") if f.name.startswith(tuple(p.id for p in prompts))]
     assert len(tables) == expected
-    again = list(sweep_service.sweep(tiny_pair, prompts, SPECS, MAX_NEW, tmp_path))
+    again = list(sweep_service.sweep(tiny_pair, prompts, GRID, MAX_NEW, tmp_path))
     assert again[-1].done == 2
 
 
 def test_grid_text_is_checked():
-    assert sweep_tab.grid_specs("1, 3", "0.4", "20", heuristic=False, oracle=False) == \
+    assert [p.spec for p in sweep_tab.grid_policies("1, 3", "0.4", "20", heuristic=False, oracle=False)] == \
         ["autoregressive", "static:1", "static:3", "threshold:0.4:20"]
     for bad in (("x", "0.4", "20"), ("1", "1.5", "20"), ("1", "", "20"), ("1", "0.4", "0")):
         with pytest.raises(BenchError):
-            sweep_tab.grid_specs(*bad, heuristic=False, oracle=False)
+            sweep_tab.grid_policies(*bad, heuristic=False, oracle=False)
 
 
 def test_sweep_endpoint_returns_the_heatmap_table_and_csv(prompts, tmp_path, monkeypatch, serve_app):
@@ -72,7 +75,7 @@ def test_sweep_endpoint_returns_the_heatmap_table_and_csv(prompts, tmp_path, mon
 
     import app
 
-    monkeypatch.setenv("DISCO_REPLAY_CACHE", str(tmp_path))
+    monkeypatch.setenv("DISCO_CACHE", str(tmp_path))
     with serve_app(app.build_demo("tiny")) as url:
         client = Client(url, verbose=False)
         result = client.predict([p.id for p in prompts], "1,3", "0.3,0.6", "4,8", True, False, 16, api_name="/sweep")

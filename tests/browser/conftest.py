@@ -20,7 +20,7 @@ def app_url(tmp_path_factory, serve_app):
 
     # the Sweep tab caches replay tables between sessions: start from an empty cache so every run computes
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DISCO_REPLAY_CACHE", str(tmp_path_factory.mktemp("replay-cache")))
+        mp.setenv("DISCO_CACHE", str(tmp_path_factory.mktemp("replay-cache")))
         with serve_app(app.build_demo("tiny"), **app.launch_kwargs()) as url:
             yield url
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -124,20 +125,21 @@ def test_sweep_tab_fills_the_heatmap_and_stops(page):
     page.wait_for_selector("#sweep-heatmap .js-plotly-plot g.trace", timeout=RUN_TIMEOUT_MS)
     page.wait_for_selector("#sweep-stop:not([disabled])")
 
-    # every prompt of the suite at 256 tokens: long enough to press Stop while it runs (the tiny pair often
-    # reaches EOS early, so a few prompts can be over in a second or two)
+    # every prompt of the suite at 256 tokens: a run long enough by construction (minutes of work on any machine;
+    # a slower machine only makes it longer), so Stop is pressed as soon as it is running, whatever the speed
     boxes = page.locator("#sweep-prompts input[type=checkbox]")
     for i in range(boxes.count()):
         boxes.nth(i).check()
-    # the classic grid only (the stopping rules were in the first sweep): prompt 1 must end well within the wait
-    rules = page.locator("#sweep-rules input[type=checkbox]")
+    rules = page.locator("#sweep-rules input[type=checkbox]")  # the classic grid only: well under the work limit
     for i in range(rules.count()):
         rules.nth(i).uncheck()
     set_slider(page, "sweep-max-new-tokens", 256)
     page.click("#sweep-run")
-    page.wait_for_selector("#sweep-status:has-text('prompt 2/')", timeout=RUN_TIMEOUT_MS)
+    # running: its progress ("prompt k/N ...") or its first results ("k/N prompts replayed"), whichever shows first
+    page.wait_for_selector(f"#sweep-status:has-text('/{boxes.count()}')", timeout=RUN_TIMEOUT_MS)
     page.click("#sweep-stop")
     page.wait_for_selector("#sweep-status:has-text('Stopped')", timeout=RUN_TIMEOUT_MS)
-    assert "completed prompt" in page.locator("#sweep-status").inner_text()
+    text = page.locator("#sweep-status").inner_text()
+    assert re.search(r"the \d+ completed prompt\(s\) above are kept|no prompt was completed", text), text
     page.wait_for_selector("#sweep-stop:not([disabled]):has-text('Stop')")
     assert page.locator("#sweep-run").is_enabled()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from disco.engine import DecodeSettings
-from disco.race import run_all
+from disco.decode.settings import DecodeSettings
+from disco.decode.race import run_all
 
 pytestmark = pytest.mark.integration
 

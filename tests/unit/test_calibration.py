@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from disco import calibration as cal
+from disco.models import numerics as cal
 
 # shapes of ../shared/CPU.md: native bf16 (verification flat) and the same CPU under ONEDNN_MAX_CPU_ISA=AVX2
 NATIVE = {"bf16": {1: 170.0, 4: 165.0, 8: 170.0}, "fp32": {1: 330.0, 4: 420.0, 8: 600.0}}

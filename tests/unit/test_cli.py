@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from disco import costs as cost_profiles
-from disco.__main__ import JSON_FIELDS, main
-from disco.trace import parse_confidences
+from disco.costs import model as cost_profiles
+from disco.cli import JSON_FIELDS, main
+from disco.decode.trace import parse_confidences
 
 ROOT = Path(__file__).resolve().parents[2]
 STRATEGIES = ["autoregressive", "static:4", "heuristic:2", "threshold:0.4:20", "threshold:0.7:6", "oracle"]
@@ -128,7 +128,9 @@ def test_unknown_hub_id_offline_fails_fast_and_clearly(capsys, monkeypatch):
 
 
 def test_mismatched_vocabularies_are_refused(tiny_pair):
-    from disco.models import ModelLoadError, _make_pair, build_tiny_models
+    from disco.models import ModelLoadError
+    from disco.models.load import _make_pair
+    from disco.models.tiny import build_tiny_models
 
     target, assistant = build_tiny_models(len(tiny_pair.tokenizer))
     _, smaller = build_tiny_models(len(tiny_pair.tokenizer) - 1)

@@ -7,12 +7,15 @@ import math
 
 import pytest
 
-from disco.core import Drafted, IterationCore, Verdict
-from disco.costs import flat
-from disco.engine import Decoder, DecodeSettings
+from disco.decode.core import Drafted, IterationCore, Verdict
+from disco.costs.model import flat
+from disco.decode.live import Decoder
+from disco.decode.settings import DecodeSettings
 from disco.policies import parse_strategy, policy_kinds
-from disco.race import encode_prompt, greedy_reference
-from disco.replay import ReplayRun, build_table
+from disco.decode.race import greedy_reference
+from disco.models import encode_prompt
+from disco.replay.run import ReplayRun
+from disco.replay.tables import build_table
 
 EOS = 99
 

@@ -11,10 +11,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from disco import costs
+from disco.costs import model as costs
 from disco.policies import policy_class, spec_kind
-from disco.race import encode_prompt
-from disco.replay import build_table, replay
+from disco.models import encode_prompt
+from disco.policies import parse_strategy
+from disco.replay.run import replay
+from disco.replay.tables import build_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +27,7 @@ def test_flat_profile_is_the_closed_form_of_the_replayed_passes(tiny_pair, spec,
     ids = encode_prompt(tiny_pair, "def fibonacci(n):", False, 20)
     table = build_table(tiny_pair, ids, 20)
     step = 37.0
-    result = replay(table, spec, 20, costs.flat(c, step))
+    result = replay(table, parse_strategy(spec), 20, costs.flat(c, step))
     target_passes = len(result.records)
     assistant_passes = sum(r.draft_calls for r in result.records)
     # time = T x (target passes + C x assistant passes), whatever each pass is fed (prefills included)

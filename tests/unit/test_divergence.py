@@ -8,10 +8,11 @@ import contextlib
 import pytest
 import torch
 
-from disco import divergence
-from disco.engine import DecodeSettings
-from disco.race import run_all
-from disco.trace import TokenRecord
+from disco.decode import divergence
+from disco.policies import parse_strategy
+from disco.decode.settings import DecodeSettings
+from disco.decode.race import run_all
+from disco.decode.trace import TokenRecord
 
 PROMPT = "def fibonacci(n):"
 
@@ -133,14 +134,15 @@ def test_bench_timed_rows_and_report_carry_the_divergence(tiny_pair):
     """The benchmark's timed runs explain a divergence like the CLI and the app do (runs.csv, summary, report)."""
     import pandas as pd
 
-    from disco import analysis, peer, runs, suite
+    from disco.bench import analysis, peer, runs, suite
 
     prompt = suite.SuitePrompt(id="forced", kind="code", prompt=PROMPT, chat=False)
     prompt_len = len(tiny_pair.encode(PROMPT, False))
     meta = runs.environment(tiny_pair)
     meta["max_new_tokens"] = 24
     with forced_choice(tiny_pair, 6, prompt_len, "ulp", "ulp"):
-        rows, _ = peer.timed_prompt(tiny_pair, prompt, ["autoregressive", "static:4"], 24, meta, peer=False)
+        rows, _ = peer.timed_prompt(tiny_pair, prompt, [parse_strategy("autoregressive"), parse_strategy("static:4")], 24, meta,
+                                          peer=False)
     by = {r["strategy"]: r for r in rows}
     assert by["static:4"]["identical_to_autoregressive"] is False
     assert by["static:4"]["divergence"] == divergence.NEAR_TIE

@@ -18,8 +18,10 @@ ROOT = str(Path(__file__).resolve().parents[2])
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from disco import embedded  # noqa: E402
-from disco.embedded import EmbeddedError, ModelSpec  # noqa: E402
+from disco.models import embedded  # noqa: E402
+from disco import cache  # noqa: E402
+from disco.models import wheels  # noqa: E402
+from disco.models.wheels import EmbeddedError, ModelSpec  # noqa: E402
 
 # Importing a data module would run this; the code under test must only locate files.
 POISON_INIT = "raise RuntimeError('data modules must not be imported')\n"
@@ -68,11 +70,11 @@ def site(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def fake_roles(site, monkeypatch):
-    """Two fake roles installed and patched in as embedded.ROLES; returns ({role: spec}, {role: bytes})."""
+    """Two fake roles installed and patched in as the wheels' ROLES; returns ({role: spec}, {role: bytes})."""
     target, target_bytes = make_role(site, "target", 11)
     assistant, assistant_bytes = make_role(site, "assistant", 2)
     table = {"target": target, "assistant": assistant}
-    monkeypatch.setattr(embedded, "ROLES", table)
+    monkeypatch.setattr(wheels, "ROLES", table)
     return table, {"target": target_bytes, "assistant": assistant_bytes}
 
 
@@ -172,7 +174,7 @@ def test_prepare_converts_each_role_and_deletes_the_gguf(fake_roles, tmp_path, m
 
     folders = embedded.prepare(cache, progress=False, log=quiet)
 
-    assert folders == {"target": cache / "target", "assistant": cache / "assistant"}
+    assert folders == {"target": cache / "models" / "target", "assistant": cache / "models" / "assistant"}
     assert [content for _path, content in export.calls] == [data["target"], data["assistant"]]
     for role, folder in folders.items():
         assert embedded.is_ready(folder, role)
@@ -180,7 +182,8 @@ def test_prepare_converts_each_role_and_deletes_the_gguf(fake_roles, tmp_path, m
         assert marker["role"] == role and marker["source_sha256"] == table[role].sha256
         assert marker["dtype"] == "bfloat16"
     assert not (cache / "gguf").exists()
-    assert sorted(p.name for p in cache.iterdir()) == [".lock", "assistant", "target"]
+    assert sorted(p.name for p in cache.iterdir()) == [".lock", "models"]
+    assert sorted(p.name for p in (cache / "models").iterdir()) == ["assistant", "target"]
 
 
 def test_prepare_skips_ready_roles_quickly(fake_roles, tmp_path, monkeypatch):
@@ -206,8 +209,8 @@ def test_interrupted_conversion_leaves_nothing_ready(fake_roles, tmp_path, monke
     with pytest.raises(type(failure)):
         embedded.prepare(cache, progress=False, log=quiet)
 
-    assert not (cache / "target").exists()
-    assert not embedded.is_ready(cache / "target", "target")
+    assert not (cache / "models" / "target").exists()
+    assert not embedded.is_ready(cache / "models" / "target", "target")
     assert list(cache.glob(".tmp-*")) == []  # cleaned up on the way out
     assert not (cache / "gguf").exists()  # the intermediate GGUF is not left behind either
 
@@ -228,13 +231,13 @@ def test_hard_kill_leftovers_are_never_ready_and_get_swept(fake_roles, tmp_path,
     (cache / "gguf").mkdir()
     (cache / "gguf" / "target.gguf.partial").write_bytes(b"half")
     assert embedded.is_ready(stale, "target")  # complete by itself, but not where anyone looks
-    assert not embedded.is_ready(cache / "target", "target")
+    assert not embedded.is_ready(cache / "models" / "target", "target")
 
     logs: list[str] = []
     embedded.prepare(cache, progress=False, log=logs.append)
     assert not stale.exists() and not (cache / "gguf").exists()
     assert any(".tmp-target-dead" in line for line in logs)
-    assert embedded.is_ready(cache / "target", "target")
+    assert embedded.is_ready(cache / "models" / "target", "target")
 
 
 def test_broken_or_outdated_folder_is_not_ready_and_is_replaced(fake_roles, tmp_path, monkeypatch):
@@ -242,7 +245,7 @@ def test_broken_or_outdated_folder_is_not_ready_and_is_replaced(fake_roles, tmp_
     cache = tmp_path / "cache"
     monkeypatch.setattr(embedded, "_export_bf16", FakeExport())
     embedded.prepare(cache, progress=False, log=quiet)
-    target = cache / "target"
+    target = cache / "models" / "target"
 
     (target / "model.safetensors").write_bytes(b"short")  # truncated weights
     assert not embedded.is_ready(target, "target")
@@ -284,7 +287,7 @@ def test_concurrent_prepare_waits_for_the_lock(fake_roles, tmp_path, monkeypatch
 def test_status_and_preflight_check_of_all_packages(site, tmp_path, monkeypatch):
     target, _ = make_role(site, "target", 3, skip=(2,))
     assistant, _ = make_role(site, "assistant", 2)
-    monkeypatch.setattr(embedded, "ROLES", {"target": target, "assistant": assistant})
+    monkeypatch.setattr(wheels, "ROLES", {"target": target, "assistant": assistant})
     export = FakeExport()
     monkeypatch.setattr(embedded, "_export_bf16", export)
     cache = tmp_path / "cache"
@@ -305,15 +308,27 @@ def test_status_and_preflight_check_of_all_packages(site, tmp_path, monkeypatch)
     after = embedded.status(cache)
     for role in ("target", "assistant"):
         assert after[role]["ready"] and after[role]["packages_installed"]
-        assert after[role]["path"] == cache / role
-        assert after[role]["size_bytes"] == embedded.dir_size(cache / role) > 0
+        assert after[role]["path"] == cache / "models" / role
+        assert after[role]["size_bytes"] == embedded.dir_size(cache / "models" / role) > 0
+
+
+def test_a_conversion_in_the_old_layout_is_adopted_not_redone(fake_roles, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(embedded, "_export_bf16", FakeExport())
+    embedded.prepare(cache, progress=False, log=quiet)
+    for role in ("target", "assistant"):  # where a cache made before the one layout kept them
+        (cache / "models" / role).rename(cache / role)
+    monkeypatch.setattr(embedded, "_export_bf16", lambda *a: pytest.fail("converted again"))
+    folders = embedded.prepare(cache, progress=False, log=quiet)
+    assert all(embedded.is_ready(folders[role], role) for role in ("target", "assistant"))
+    assert not (cache / "target").exists() and folders["target"] == cache / "models" / "target"
 
 
 def test_cache_dir_default_and_dir_size(tmp_path, monkeypatch):
     monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "c"))
-    assert embedded.cache_dir_default() == tmp_path / "c"
+    assert cache.root() == tmp_path / "c" and embedded.model_dir("target") == tmp_path / "c" / "models" / "target"
     monkeypatch.delenv("DISCO_CACHE")
-    assert embedded.cache_dir_default() == Path.home() / ".cache" / "disco"
+    assert cache.root() == Path.home() / ".cache" / "disco"
     (tmp_path / "d" / "e").mkdir(parents=True)
     (tmp_path / "d" / "a").write_bytes(b"123")
     (tmp_path / "d" / "e" / "b").write_bytes(b"45")

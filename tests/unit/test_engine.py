@@ -11,9 +11,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from disco.engine import Decoder, DecodeSettings, InputError, Interrupted
+from disco.decode.live import Decoder
+from disco.decode.settings import DecodeSettings
+from disco.errors import InputError, Interrupted
 from disco.policies import parse_strategy
-from disco.race import encode_prompt, greedy_reference, race, run_all
+from disco.decode.race import greedy_reference, race, run_all
+from disco.models import encode_prompt
 
 STRATEGIES = [
     "autoregressive", "static:1", "static:3", "static:8", "heuristic:1", "heuristic:4",
@@ -158,10 +161,10 @@ def test_cache_rollback_matches_a_fresh_forward(tiny_pair, strategy):
                 break
             rejections += r.accepted < r.lookahead
             fresh = _fresh_last_logits(tiny_pair.target, d.ids)
-            cached = _cached_last_logits(tiny_pair.target, d.t_cache, d.ids, d.t_len)
+            cached = _cached_last_logits(tiny_pair.target, d.target.cache, d.ids, d.t_len)
             torch.testing.assert_close(cached, fresh, atol=1e-4, rtol=1e-4)
             fresh_a = _fresh_last_logits(tiny_pair.assistant, d.ids)
-            cached_a = _cached_last_logits(tiny_pair.assistant, d.a_cache, d.ids, d.a_len)
+            cached_a = _cached_last_logits(tiny_pair.assistant, d.assistant.cache, d.ids, d.a_len)
             torch.testing.assert_close(cached_a, fresh_a, atol=1e-4, rtol=1e-4)
     assert rejections > 0
 

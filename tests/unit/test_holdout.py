@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from disco.holdout import best_new, holdout_frame, holdout_md
-from disco.suite import load_suite, split_of, split_prompts
+from disco.bench.holdout import best_new, holdout_frame, holdout_md
+from disco.bench.suite import load_suite, split_of, split_prompts
 
 
 def _runs(speedups: dict) -> pd.DataFrame:

@@ -8,14 +8,16 @@ import math
 import numpy as np
 import pytest
 
-from disco.costs import CostModel, flat
-from disco.engine import Decoder, DecodeSettings
+from disco.costs.model import CostModel, flat
+from disco.decode.live import Decoder
+from disco.decode.settings import DecodeSettings
 from disco.policies import (
-    DraftStep, RunContext, StrategyError, canonical_spec, grammar_line, parse_strategy, policy_kinds, strategy_infos,
+    DraftStep, RunContext, StrategyError, canonical_spec, grammar_line, parse_strategy, policy_kinds,
 )
 from disco.policies.classifier import ClassifierWeights, step_features
 from disco.policies.entropy import acceptance_bound
-from disco.race import encode_prompt, run_all
+from disco.decode.race import run_all
+from disco.models import encode_prompt
 
 NEW_KINDS = ("adaptive", "entropy", "cumulative", "costaware", "disco")
 
@@ -53,7 +55,6 @@ def test_every_kind_owns_its_metadata():
             assert p.lo <= (p.default if p.default is not None else p.lo) <= p.hi and p.help
             assert all(p.lo <= v <= p.hi for v in p.grid)
     assert len({cls.color for cls in policy_kinds()}) == len(kinds)  # one hue per kind
-    assert [i.kind for i in strategy_infos()] == kinds
     assert canonical_spec("threshold", tau=0.4) == "threshold:0.4:20"
     assert canonical_spec("entropy", lam=0.30000000000000004, k=5) == "entropy:0.3:5"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from disco import precision as prec
-from disco.engine import DecodeSettings
+from disco.models import precision as prec
+from disco.decode.settings import DecodeSettings
 from disco.models import resolve_assistant
 from disco.policies import StrategyError, parse_strategy
-from disco.race import run_all
+from disco.decode.race import run_all
 
 SPECULATIVE = ["static:1", "static:4", "heuristic:2", "threshold:0.4:20", "threshold:0.9:3", "oracle:6"]
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "SELECT * FROM users WHERE", "x"]
@@ -93,8 +93,10 @@ def test_auto_assistant_for_the_tiny_pair_is_the_model_one(tiny_pair):
 def test_replay_tables_are_kept_apart_per_assistant_precision(tiny_pair, tmp_path):
     """An int8 and a bf16/fp32 assistant draft different chains: a table built with one must never
     serve the other (it once did, so the model-assistant benchmark replayed int8 chains)."""
-    from disco.race import encode_prompt
-    from disco.replay import build_table, replay, table_key
+    from disco.models import encode_prompt
+    from disco.policies import parse_strategy
+    from disco.replay.run import replay
+    from disco.replay.tables import build_table, table_key
 
     ids = encode_prompt(tiny_pair, "def fibonacci(n):", False, 24)
     int8 = tiny_pair.with_assistant("int8")
@@ -102,7 +104,7 @@ def test_replay_tables_are_kept_apart_per_assistant_precision(tiny_pair, tmp_pat
     tables = {p: build_table(pair, ids, 24, tmp_path, name="p") for p, pair in (("model", tiny_pair), ("int8", int8))}
     assert tables["model"].path != tables["int8"].path
     for table in tables.values():
-        replay(table, "static:4", 24)
+        replay(table, parse_strategy("static:4"), 24)
     chains = {p: [t.draft(q, 0)[1] for q in range(20)] for p, t in tables.items()}
     assert chains["model"] != chains["int8"]
 
@@ -116,7 +118,7 @@ def test_int8_quantization_equals_torch_quantize_dynamic(tiny_pair, monkeypatch,
 
     import torch
 
-    from disco import precision
+    from disco.models import precision
 
     monkeypatch.setattr(precision.torch, "get_num_threads", lambda: threads)
     ours = precision.quantize_int8(tiny_pair.assistant)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
-from disco import profile
+from disco.bench import machine_profile as profile
+from disco.costs.profile import auto_policy
 from disco.policies import parse_strategy
 
 TOP_KEYS = {"format", "key", "machine", "dtype", "decision", "target_ms", "target_prefill_ms", "assistant_ms",
@@ -42,7 +42,7 @@ def test_recommendation_is_a_runnable_lane(tiny_profile):
         assert rec["auto"] == rec["best_speculative"] and rec["auto_speedup"] == pytest.approx(best)
     else:
         assert rec["auto"] == "autoregressive" and rec["auto_speedup"] == 1.0
-    assert profile.resolve_auto("auto", tiny_profile) == rec["auto"]
+    assert auto_policy(tiny_profile).spec == rec["auto"]
     for p, entry in rec["by_precision"].items():
         assert entry["static_speedup"] == max(v for s, v in tiny_profile.replay[p].items() if s.startswith("static:"))
 
@@ -86,11 +86,11 @@ def test_cache_round_trip_and_key(tiny_profile, tiny_pair, tmp_path):
 
 def test_auto_without_a_profile_is_a_clear_error():
     with pytest.raises(profile.ProfileError, match="python -m disco profile"):
-        profile.resolve_auto("auto", None)
+        auto_policy(None)
 
 
 def test_lock_and_stop_are_honoured(tiny_pair):
-    from disco.engine import Interrupted
+    from disco.errors import Interrupted
 
     entered = []
 

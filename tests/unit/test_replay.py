@@ -10,12 +10,20 @@ import math
 
 import pytest
 
-from disco.engine import Decoder, DecodeSettings
+from disco.decode.live import Decoder
+from disco.decode.settings import DecodeSettings
 from disco.policies import parse_strategy
-from disco.race import encode_prompt, greedy_reference
-from disco.replay import (
-    CostModel, ReplayError, ReplayTable, build_table, default_grid, replay, replay_many,
-)
+from disco.decode.race import greedy_reference
+from disco.models import encode_prompt
+from disco.costs.model import CostModel
+from disco.policies.grids import default_grid
+from disco.replay.run import replay, replay_many
+from disco.replay.tables import ReplayError, ReplayTable, build_table
+
+
+def P(specs):
+    """Policies from specs: the edge's one parse, here in the test."""
+    return [parse_strategy(s) for s in specs]
 
 SPECS = [
     "autoregressive", "static:1", "static:2", "static:4", "static:7", "static:20",
@@ -63,7 +71,7 @@ def test_replay_matches_the_engine_for_every_policy(tiny_pair, prompt, chat):
     max_new = 32
     ids = encode_prompt(tiny_pair, prompt, chat, max_new)
     table = build_table(tiny_pair, ids, max_new)
-    results = replay_many(table, SPECS, max_new, COSTS)
+    results = replay_many(table, P(SPECS), max_new, COSTS)
     for spec in SPECS:
         _assert_same(_real(tiny_pair, ids, spec, max_new), results[spec], spec)
 
@@ -72,7 +80,7 @@ def test_replay_matches_the_engine_for_every_policy(tiny_pair, prompt, chat):
 def test_length_caps_match_and_a_long_table_serves_shorter_runs(tiny_pair, max_new):
     ids = encode_prompt(tiny_pair, "Once upon a time", False, 24)
     table = build_table(tiny_pair, ids, 24)  # built for 24 tokens, replayed for fewer
-    results = replay_many(table, SPECS, max_new, COSTS)
+    results = replay_many(table, P(SPECS), max_new, COSTS)
     for spec in SPECS:
         decoder = _real(tiny_pair, ids, spec, max_new)
         _assert_same(decoder, results[spec], spec)
@@ -88,7 +96,7 @@ def test_eos_drafted_and_emitted_matches(tiny_pair):
     for prompt in ("def fibonacci(n):", "The quick brown fox", "x"):
         ids = encode_prompt(pair, prompt, False, 40)
         table = build_table(pair, ids, 40)
-        results = replay_many(table, SPECS, 40, COSTS)
+        results = replay_many(table, P(SPECS), 40, COSTS)
         for spec in SPECS:
             decoder = _real(pair, ids, spec, 40)
             _assert_same(decoder, results[spec], spec)
@@ -99,12 +107,12 @@ def test_eos_drafted_and_emitted_matches(tiny_pair):
 def test_default_grid_replays_like_the_engine(tiny_pair):
     grid = default_grid()
     classic = 1 + 11 + 1 + 19 * 4 + 1
-    assert grid[0] == "autoregressive" and len(default_grid(kinds=())) == classic
-    assert {s.split(":")[0] for s in grid[classic:]} == {"adaptive", "entropy", "cumulative", "costaware", "disco"}
+    assert grid[0].spec == "autoregressive" and len(default_grid(kinds=())) == classic
+    assert {p.kind for p in grid[classic:]} == {"adaptive", "entropy", "cumulative", "costaware", "disco"}
     ids = encode_prompt(tiny_pair, "Explain KV caches.", True, 24)
     table = build_table(tiny_pair, ids, 24)
     results = replay_many(table, grid, 24, COSTS)
-    for spec in grid[::7] + ["threshold:0.4:20", "oracle:20", "heuristic:5", "static:20"]:
+    for spec in [p.spec for p in grid[::7]] + ["threshold:0.4:20", "oracle:20", "heuristic:5", "static:20"]:
         _assert_same(_real(tiny_pair, ids, spec, 24), results[spec], spec)
 
 
@@ -114,7 +122,7 @@ def test_chains_are_shared_between_positions(tiny_pair):
         ids = encode_prompt(tiny_pair, prompt, False, 40)
         table = build_table(tiny_pair, ids, 40)
         # static:1 and static:3 start inside the stretches where static:8's drafts were accepted
-        replay_many(table, ["static:8", "static:3", "static:1", "threshold:0.2:8"], 40)
+        replay_many(table, P(["static:8", "static:3", "static:1", "threshold:0.2:8"]), 40)
         passes += table.builder.passes
         stored += sum(len(c.tokens) for c in table.chains.values())
         hits, total = table.first_token_agreement(40)
@@ -126,17 +134,17 @@ def test_chains_are_shared_between_positions(tiny_pair):
 def test_table_round_trips_through_disk_and_replays_without_models(tiny_pair, tmp_path):
     ids = encode_prompt(tiny_pair, "The quick brown fox", False, 24)
     table = build_table(tiny_pair, ids, 24, cache_dir=tmp_path, name="fox")
-    before = replay_many(table, ["static:3", "threshold:0.4:20", "oracle"], 24)
+    before = replay_many(table, P(["static:3", "threshold:0.4:20", "oracle"]), 24)
     table.save()
     files = list(tmp_path.glob("fox-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["reference"] == table.reference
     loaded = ReplayTable.from_dict(json.loads(files[0].read_text()))  # no models attached
-    after = replay_many(loaded, ["static:3", "threshold:0.4:20", "oracle"], 24)
+    after = replay_many(loaded, P(["static:3", "threshold:0.4:20", "oracle"]), 24)
     for spec, res in before.items():
         assert [r.lookahead for r in after[spec].records] == [r.lookahead for r in res.records]
         assert after[spec].output_ids == res.output_ids
     with pytest.raises(ReplayError):
-        replay(loaded, "static:40", 24)  # deeper chains than the table holds, and no models to extend it
+        replay(loaded, parse_strategy("static:40"), 24)  # deeper chains than the table holds, and no models to extend it
     again = build_table(tiny_pair, ids, 24, cache_dir=tmp_path, name="fox")  # resumes from the cache
     assert again.reference == table.reference and len(again.chains) == len(table.chains)
 
@@ -146,9 +154,9 @@ def test_time_estimate_follows_the_cost_model(tiny_pair):
     table = build_table(tiny_pair, ids, 12)
     costs = CostModel(target=[(1, 10.0), (2, 12.0), (len(ids), 50.0), (len(ids) + 30, 80.0)],
                       assistant=[(1, 2.0), (2, 3.0), (len(ids) + 30, 20.0)])
-    ar = replay(table, "autoregressive", 12, costs)
+    ar = replay(table, parse_strategy("autoregressive"), 12, costs)
     assert ar.summary()["seconds"] * 1000 == pytest.approx(costs.target_ms(len(ids)) + 11 * 10.0)
-    spec = replay(table, "static:3", 12, costs)
+    spec = replay(table, parse_strategy("static:3"), 12, costs)
     expected = 0.0
     for r in spec.records:
         expected += costs.target_ms(r.target_tokens)

@@ -10,8 +10,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import disco.engine as engine
-from disco.engine import Decoder, DecodeSettings, distribution
+import disco.decode.live as engine
+from disco.decode.live import Decoder
+from disco.decode.sampling import distribution
+from disco.decode.settings import DecodeSettings
 from disco.policies import parse_strategy
 
 PROMPT = [1, 2, 3]

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from disco.policies.classifier import FEATURES, ClassifierWeights, Disco
-from disco.replay import AUTOREGRESSIVE, ReplayTable, cached_table_paths, replay_many
-from disco.suite import load_suite, split_of
-from disco.train import samples
+from disco.policies import AUTOREGRESSIVE, Autoregressive
+from disco.replay.run import replay_many
+from disco.replay.tables import ReplayTable, cached_table_paths
+from disco.bench.suite import load_suite, split_of
+from disco.bench.train import samples
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +57,7 @@ def test_disco_lane_on_the_trained_weights_is_lossless_in_replay(trained):
     paths = cached_table_paths(tables, "code-csv-parse")
     assert paths
     table = ReplayTable.from_dict(json.loads(paths[0].read_text()), paths[0])
-    res = replay_many(table, [AUTOREGRESSIVE, Disco("disco:5", weights=weights, k=5)], 16)
+    res = replay_many(table, [Autoregressive(), Disco("disco:5", weights=weights, k=5)], 16)
     assert res["disco:5"].output_ids == res[AUTOREGRESSIVE].output_ids
     xs, ys = samples(table, 16, 5)
     assert len(xs) == len(ys) > 0 and set(ys) <= {0, 1} and all(len(x) == len(FEATURES) for x in xs)

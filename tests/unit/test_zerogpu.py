@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from disco import zerogpu
+from disco.app import zerogpu
 
 
 def compute(x, request=None):

@@ -1,0 +1,141 @@
+"""Start-up: load the pair once in a background thread (the page shows a status line meanwhile), then measure or
+read this machine's cost profile for the This-machine tab and the ``auto`` lane, taking turns with runs."""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+import os
+import threading
+import time
+from typing import Iterator
+
+from disco.app import machine_tab, plots
+from disco.app.session import COMPUTE_LOCK
+from disco.bench import machine_profile
+from disco.costs import profile
+from disco.models import ModelLoadError, load_pair, resolve_assistant
+
+log = logging.getLogger("disco.app")
+
+
+class ModelLoader:
+    """Loads the pair once, in a background thread, so the page can show a status line meanwhile; then measures
+    (or reads from the cache) this machine's cost profile in the same thread, taking turns with runs on
+    ``COMPUTE_LOCK``, for the "This machine" tab and the ``auto`` lane."""
+
+    def __init__(self, spec: str, dtype: str = "auto", device: str = "auto", assistant: str | None = None,
+                 profile: bool | None = None):
+        self.spec, self.dtype, self.device = spec, dtype, device
+        self.assistant = assistant or os.environ.get("DISCO_ASSISTANT_PRECISION", "auto")
+        self.profile_enabled = (os.environ.get("DISCO_PROFILE", "on").strip().lower() not in ("0", "off", "no")
+                                if profile is None else profile)
+        self.pair = None
+        self.error: Exception | None = None
+        self.profile = None
+        self.profile_error: str | None = None
+        self.profile_step = "waiting for the models"
+        self.started = time.perf_counter()
+        self._done = threading.Event()
+        self._profile_done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "ModelLoader":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._load, name="disco-model-loader", daemon=True)
+            self._thread.start()
+        return self
+
+    def _load(self) -> None:
+        print(f"DISCO Lab: loading the {self.spec!r} model pair…", flush=True)
+        try:
+            pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True)
+            self.pair = resolve_assistant(pair, self.assistant, log=print)
+            self.pair.warmup()
+            print(f"DISCO Lab: models ready in {time.perf_counter() - self.started:.1f} s: {self.pair.describe()}",
+                  flush=True)
+        except Exception as exc:  # shown in the page; every run then reports it
+            self.error = exc
+            print(f"DISCO Lab: could not load the models: {exc}", flush=True)
+        finally:
+            self._done.set()
+        self._measure_profile()
+
+    def _measure_profile(self) -> None:
+        try:
+            if self.pair is None:
+                self.profile_error = "the models could not be loaded"
+            elif not self.profile_enabled:
+                self.profile_error = "profiling is off (DISCO_PROFILE=off)"
+            else:
+                self.profile = profile.latest(self.spec, self.pair)
+                if self.profile is None:
+                    def step(message: str) -> None:
+                        self.profile_step = message
+                    self.profile = machine_profile.measure(self.pair, self.spec, log=step, lock=COMPUTE_LOCK)
+                    profile.save(self.profile)
+                rec = self.profile.recommended
+                print(f"DISCO Lab: machine profile ready: auto = {rec.get('auto')} "
+                      f"({rec.get('auto_speedup', math.nan):.2f}x by replay)", flush=True)
+        except Exception as exc:  # the race works without it; the tab says why
+            log.exception("profile failed")
+            self.profile_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._profile_done.set()
+
+    def get_profile(self):
+        """This machine's profile, or None while it is measured (or when it could not be)."""
+        return self.profile
+
+    @property
+    def ready(self) -> bool:
+        return self._done.is_set()
+
+    def get(self, timeout: float | None = None):
+        """The pair, waiting for start-up loading; raises ModelLoadError if it failed."""
+        self.start()
+        if not self._done.wait(timeout):
+            raise ModelLoadError("the models are still loading; try again in a moment")
+        if self.error is not None:
+            raise ModelLoadError(f"the models could not be loaded: {self.error}")
+        return self.pair
+
+    def status(self) -> str:
+        if not self.ready:
+            return (f"○ Loading the **{self.spec}** model pair… "
+                    f"({time.perf_counter() - self.started:.0f} s; runs start as soon as it is ready)")
+        if self.error is not None:
+            return f"✗ The **{self.spec}** models could not be loaded: {html.escape(str(self.error))}"
+        d = self.pair.describe()
+        return (f"● Models ready: target **{d['target']}**, assistant **{d['assistant']}** "
+                f"({d['assistant_precision']} by default) · {d['dtype']} on {d['device']} · context "
+                f"{self.pair.context_length} tokens · loaded in {self.pair.load_seconds:.1f} s · numerics and "
+                "costs: see **This machine**")
+
+    def status_stream(self) -> Iterator[str]:
+        """For ``demo.load``: a live status line until the models are ready."""
+        while not self.ready:
+            yield self.status()
+            self._done.wait(1.0)
+        yield self.status()
+
+    def machine_outputs(self) -> tuple:
+        data = self.profile.to_dict() if self.profile is not None else None
+        cal = getattr(self.pair, "calibration", None)
+        md = machine_tab.markdown(data, cal.to_dict() if cal is not None else None,
+                                   self.profile_step if not self._profile_done.is_set() else None, self.profile_error,
+                                   self.pair.describe() if self.pair is not None else None)
+        return md, plots.machine_cost_figure(data), plots.machine_speedup_figure(data)
+
+    def machine_stream(self) -> Iterator[tuple]:
+        """For ``demo.load``: the This machine tab, redrawn every 2 s while the profile is measured, then once.
+        Nothing polls once it is ready (an idle app stays idle)."""
+        last = None
+        while not self._profile_done.is_set():
+            md = self.machine_outputs()
+            if md[0] != last:
+                last = md[0]
+                yield md
+            self._profile_done.wait(2.0)
+        yield self.machine_outputs()

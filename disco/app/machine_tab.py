@@ -1,0 +1,63 @@
+"""The "This machine" tab's text: the numerics decision, the costs that decide whether speculation pays, and the
+recommended setting. Pure: plain dicts in (``Profile.to_dict()``, ``Calibration.to_dict()``), markdown out."""
+
+from __future__ import annotations
+
+import html
+import math
+
+from disco.text import times as _x
+
+
+def markdown(profile: dict | None, calibration: dict | None, step: str | None, error: str | None,
+             pair: dict | None) -> str:
+    parts = []
+    if profile is not None:
+        parts.append(f"**Machine:** {html.escape(profile['machine'])}, torch {profile['key']['torch']}")
+    if calibration is not None:
+        parts.append(f"**Numerics (chosen by timing the passes that matter):** {calibration['dtype']} with the "
+                     f"{calibration['assistant_precision']} assistant by default: {html.escape(calibration['reason'])}.")
+        rows = ["| dtype | target 1 / 4 / 8 tokens (ms) | assistant step (ms) | predicted ms/token (best K) |",
+                "|---|---|---|---|"]
+        for d, t in calibration["target_ms"].items():
+            pred = calibration["predicted"].get(d, {})
+            rows.append(f"| {d} | {float(t['1']):.0f} / {float(t['4']):.0f} / {float(t['8']):.0f} | "
+                        f"{calibration['assistant_ms'].get(d, math.nan):.0f} | "
+                        f"{pred.get('ms_per_token', math.nan):.0f} (K={pred.get('k')}, {pred.get('assistant')}) |")
+        if "int8" in calibration["assistant_ms"]:
+            rows.append(f"| int8 assistant | | {calibration['assistant_ms']['int8']:.0f} | |")
+        parts.append("\n".join(rows))
+    elif pair is not None:
+        parts.append(f"**Numerics:** {pair['dtype']} on {pair['device']} (set explicitly, or not a CPU calibration), "
+                     f"assistant {pair['assistant_precision']}.")
+    if profile is None:
+        if error:
+            parts.append(f"The cost profile is not available: {html.escape(error)}.")
+        else:
+            parts.append(f"○ Measuring this machine's cost profile in the background ({html.escape(step or '')}). "
+                         "Runs take turns with it, so a Run may wait a second or two. It is measured once and cached.")
+        return "\n\n".join(parts)
+    t = {int(n): v for n, v in profile["target_ms"].items()}
+    verify = ", ".join(f"{n - 1} drafts {t[n] / t[1]:.2f}×" for n in (5, 9, 21, 33) if n in t)
+    parts.append(f"**Verification:** a target pass over 1 token costs {t[1]:.0f} ms; verifying {verify} that. "
+                 "Speculation pays only while verifying K drafts costs about one target step (flat) and a draft step "
+                 "is cheap (small c).")
+    rows = ["| assistant | step (ms) | c | acceptance α | best static K | best threshold | τ=0.4, KMAX=20 | "
+            "Leviathan, measured verify |", "|---|---|---|---|---|---|---|---|"]
+    for p, e in profile["recommended"].get("by_precision", {}).items():
+        rows.append(f"| {p} | {float(profile['assistant_ms'][p]['1']):.0f} | {profile['cost_ratio'][p]:.2f} | "
+                    f"{profile['acceptance'].get(p, math.nan):.2f} | `{e.get('static')}` {_x(e.get('static_speedup'))} | "
+                    f"`{e.get('threshold')}` {_x(e.get('threshold_speedup'))} | {_x(e.get('reference_speedup'))} | "
+                    f"K={e.get('leviathan_k')} {_x(e.get('leviathan_speedup'))} |")
+    parts.append("\n".join(rows))
+    rec = profile["recommended"]
+    verdict = "speculation pays here" if rec.get("speculation_pays") else "speculation does **not** pay here"
+    parts.append(f"**Recommended (the `auto` lane):** `{rec.get('auto')}`, {_x(rec.get('auto_speedup'))} over "
+                 f"autoregressive by exact replay of {', '.join(profile['prompts'])} ({profile['max_new_tokens']} "
+                 f"tokens each, geomean; {verdict}). Measured {profile['measured_at']} in {profile['seconds']:.0f} s; "
+                 "`python -m disco profile --refresh` measures again.")
+    if not rec.get("speculation_pays") and rec.get("best_speculative"):
+        parts.append(f"The best speculative setting, `{rec['best_speculative']}`, reaches "
+                     f"{_x(rec.get('best_speculative_speedup'))}: on this machine verifying each extra token costs "
+                     "almost as much as a target step (see the chart), so the `auto` lane runs the target alone.")
+    return "\n\n".join(parts)

@@ -1,0 +1,372 @@
+"""The Race tab's logic as plain functions (no Blocks here, so it can be tested without a browser).
+
+``compare`` is the Run button and the ``/compare`` API endpoint: a generator that races the lanes and yields the
+page's outputs (status line, lanes, four figures, summary table, two CSV files) at most ``UPDATE_INTERVAL_S``
+apart, plus one final update. The controls become ``Policy`` objects once, here (``lane_policies``); everything
+shown comes from the trace (``Snapshot``); nothing here touches the models beyond asking the loader for the pair.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import gradio as gr
+import pandas as pd
+
+from disco import limits
+from disco.app import plots
+from disco.app.lanes import lanes_html, summary_frame
+from disco.app.session import COMPUTE_LOCK, write_csvs
+from disco.costs.profile import auto_policy
+from disco.decode import divergence
+from disco.decode.race import build_policies, race
+from disco.decode.settings import DecodeSettings
+from disco.errors import InputError, Interrupted, UserError, first_line
+from disco.policies import (
+    AUTOREGRESSIVE, Autoregressive, Policy, StrategyError, canonical_spec, parse_strategy, policy_class, policy_kinds,
+)
+
+log = logging.getLogger("disco.app")
+
+UPDATE_INTERVAL_S = 0.25  # lanes, numbers and status: ~4 updates a second
+PLOT_INTERVAL_S = 1.0     # gr.Plot redraws whole figures (Plotly.react on 4 charts): more often stalls the browser
+
+# the lanes' policy menus: every kind the engine knows except the baseline (which has its own toggle), and
+# ``auto``: this machine's recommended setting, from the cost profile measured in the background
+AUTO = "auto"
+LANE_KINDS = [cls.kind for cls in policy_kinds() if cls.kind != AUTOREGRESSIVE] + [AUTO]
+# a lane's assistant: the app's default (DISCO_ASSISTANT_PRECISION, calibrated when auto), or one explicitly
+DEFAULT_ASSISTANT = "default"
+ASSISTANT_CHOICES = [DEFAULT_ASSISTANT, "model", "int8"]
+
+
+@dataclass(frozen=True)
+class Defaults:
+    lane_a: str = "static"
+    lane_b: str = "threshold"
+    k: int = 5
+    threshold: float = 0.4
+    max_lookahead: int = 20
+    max_new_tokens: int = 64
+    baseline: bool = True
+    chat: bool = True
+    sample: bool = False
+    temperature: float = 0.7
+    top_p: float = 0.9
+    seed: int = 0
+
+
+DEFAULTS = Defaults()
+
+EXAMPLES = [
+    ["Write a Python function `is_prime(n)` that checks whether n is prime, with a docstring and two doctests."],
+    ["Explain in simple terms why a binary search runs in logarithmic time."],
+    ["Summarise in two sentences: Speculative decoding speeds up large language models by letting a small "
+     "draft model propose several tokens that the large model verifies in a single forward pass. The output "
+     "is identical to what the large model would have produced alone, but far fewer slow forward passes are "
+     "needed when the draft model guesses well."],
+    ["Write a short story about a lighthouse keeper who finds a message in a bottle."],
+]
+
+OUTPUT_LABELS = ("status", "lanes", "race", "lookahead", "latency", "confidence", "summary",
+                 "iterations_csv", "tokens_csv")
+
+
+EXAMPLES = [
+    ["Write a Python function `is_prime(n)` that checks whether n is prime, with a docstring and two doctests."],
+    ["Explain in simple terms why a binary search runs in logarithmic time."],
+    ["Summarise in two sentences: Speculative decoding speeds up large language models by letting a small "
+     "draft model propose several tokens that the large model verifies in a single forward pass. The output "
+     "is identical to what the large model would have produced alone, but far fewer slow forward passes are "
+     "needed when the draft model guesses well."],
+    ["Write a short story about a lighthouse keeper who finds a message in a bottle."],
+]
+
+OUTPUT_LABELS = ("status", "lanes", "race", "lookahead", "latency", "confidence", "summary",
+                 "iterations_csv", "tokens_csv")
+
+
+# ------------------------------------------------------------------------------------------------
+# controls -> policies and settings
+
+
+def _fmt(x: float) -> str:
+    return f"{round(float(x), 4):g}"
+
+
+SLIDER_WHAT = {"k": "static lookahead K", "threshold": "threshold", "kmax": "maximum lookahead"}
+
+
+def lane_policy(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
+                assistant: str = DEFAULT_ASSISTANT, profile=None) -> Policy:
+    """A lane's policy from its policy menu, its assistant menu and the shared sliders.
+
+    The menu holds kinds (``static``); a full spec typed into it (``threshold:0.3:8``) is used verbatim.
+    A kind's parameters are filled from its metadata: each ``Param`` names the shared slider that fills it (K from
+    the static slider, TAU from the threshold slider, KMAX from the maximum-lookahead slider), so kinds added to the
+    engine later work unchanged. ``auto`` is this machine's recommended setting (``profile``, the cost profile; it
+    names its assistant). An explicit ``assistant`` (model / int8) becomes ``@model`` / ``@int8`` unless the spec
+    names one.
+    """
+    kind = (kind or "").strip()
+    if not kind:
+        raise InputError("a lane has no policy selected")
+    assistant = (assistant or DEFAULT_ASSISTANT).strip().lower()
+    if assistant not in ASSISTANT_CHOICES:
+        raise InputError(f"unknown assistant {assistant!r}: choose one of {', '.join(ASSISTANT_CHOICES)}")
+    chosen = None if assistant == DEFAULT_ASSISTANT else assistant
+    if kind == AUTO:
+        if profile is None or "auto" not in (getattr(profile, "recommended", None) or {}):
+            raise InputError("the 'auto' lane needs this machine's profile, which is still being measured "
+                             "(see the This machine tab); pick another policy meanwhile")
+        return auto_policy(profile, chosen)  # the lane's menu overrides the recommended assistant
+    policy = parse_strategy(kind) if ":" in kind else _from_sliders(kind, k, threshold, max_lookahead)
+    return policy if policy.assistant_precision is not None else policy.drafting_with(chosen)
+
+
+def _from_sliders(kind: str, k, threshold, max_lookahead) -> Policy:
+    """A kind's policy with each parameter taken from the shared slider its metadata names (``Param.slider``)."""
+    if kind not in LANE_KINDS and kind != AUTOREGRESSIVE:
+        raise StrategyError(f"unknown policy {kind!r}: choose one of {', '.join(LANE_KINDS)} or type a full spec")
+    cls = policy_class(kind)
+    sliders = {"k": k, "threshold": threshold, "kmax": max_lookahead}
+    values = {}
+    for p in cls.params:
+        raw = sliders.get(p.slider)
+        if raw is None:
+            continue  # no slider for it: the kind's default
+        what = SLIDER_WHAT[p.slider]
+        values[p.name] = limits.as_int(raw, what) if p.type is int else limits.as_float(raw, what)
+    return parse_strategy(canonical_spec(kind, **values))  # through the grammar: the parameters' own range checks
+
+
+def slider_label(slider: str, title: str) -> str:
+    """A shared slider's label naming what it fills in each kind, e.g. "Threshold: TAU of threshold; H of cumulative"."""
+    by_token: dict[str, list[str]] = {}
+    for cls in policy_kinds():
+        for p in cls.params:
+            if p.slider == slider:
+                by_token.setdefault(p.token, []).append(cls.kind)
+    parts = [f"{token} of {', '.join(kinds)}" for token, kinds in by_token.items()]
+    return f"{title}: {'; '.join(parts)}" if parts else title
+
+
+def lane_policies(lane_a: str, lane_b: str, k, threshold, max_lookahead, baseline: bool,
+                  assistants=(DEFAULT_ASSISTANT, DEFAULT_ASSISTANT), profile=None) -> tuple[list[Policy], list[str]]:
+    """The race's lanes as policies (baseline first) and notes for the user (e.g. a duplicate lane dropped)."""
+    lanes = [lane_policy(lane, k, threshold, max_lookahead, a, profile) for lane, a in zip((lane_a, lane_b), assistants)]
+    notes = [f"auto = {lanes[(lane_a, lane_b).index(AUTO)].spec} (this machine's recommended setting)"] \
+        if AUTO in (lane_a, lane_b) else []
+    if lanes[0].spec == lanes[1].spec:
+        notes.append(f"both lanes are {lanes[0].spec}; running it once")
+        lanes = lanes[:1]
+    if any(p.spec == AUTOREGRESSIVE for p in lanes):
+        lanes = [p for p in lanes if p.spec != AUTOREGRESSIVE]
+        baseline = True
+    policies = ([Autoregressive()] if baseline else []) + lanes
+    if not baseline:
+        notes.append("no baseline lane: speed-ups are not available")
+    return policies, notes
+
+
+def decode_settings(max_new_tokens=DEFAULTS.max_new_tokens, sample=DEFAULTS.sample, temperature=DEFAULTS.temperature,
+                    top_p=DEFAULTS.top_p, seed=DEFAULTS.seed) -> DecodeSettings:
+    seed = limits.check_seed(seed)
+    settings = DecodeSettings(
+        max_new_tokens=limits.as_int(max_new_tokens, "max new tokens"), sample=bool(sample),
+        temperature=limits.as_float(temperature, "temperature"), top_p=limits.as_float(top_p, "top-p"), seed=seed,
+    )
+    settings.validate()
+    return settings
+
+
+def empty_lanes_html(message: str = "press Run to start") -> str:
+    lanes = [Autoregressive(), lane_policy(DEFAULTS.lane_a), lane_policy(DEFAULTS.lane_b)]
+    return lanes_html(lanes, None, None, message=message)
+
+
+# ------------------------------------------------------------------------------------------------
+# the run
+
+
+def _status(snapshot, summaries: list[dict], wall: float, final: bool, notes: list[str], stopped: bool = False) -> str:
+    by = {s["strategy"]: s for s in summaries}
+    meta = snapshot.meta
+    mode = "greedy" if not snapshot.settings.sample else (
+        f"sampling T={_fmt(snapshot.settings.temperature)}, top-p={_fmt(snapshot.settings.top_p)}, "
+        f"seed={snapshot.settings.seed}")
+    where = f"{meta.get('models', '?')} · {meta.get('dtype', '?')} on {meta.get('device', '?')} · " \
+            f"prompt {meta.get('prompt_tokens', '?')} tokens · {mode}"
+    progress = " · ".join(f"`{s}` {by[s]['new_tokens']}/{snapshot.settings.max_new_tokens}" for s in snapshot.strategies)
+    if stopped:
+        why = "".join(f" · {n}" for n in notes if "time budget" in n)
+        return (f"■ **Stopped** after {wall:.1f} s · {progress}{why} · the partial trace is in the CSV files below; "
+                f"press **Run** to start again  \n<small>{where}</small>")
+    if not final:
+        return f"● **Running** ({wall:.1f} s) · {progress}  \n<small>{where}</small>"
+    parts = []
+    base = by.get(AUTOREGRESSIVE)
+    for s in snapshot.strategies:
+        if s == AUTOREGRESSIVE:
+            continue
+        row = by[s]
+        if base is not None and not pd.isna(row["speedup"]):
+            parts.append(f"`{s}` **{row['speedup']:.2f}×**")
+    checks = [by[s]["identical_to_autoregressive"] for s in snapshot.strategies if s != AUTOREGRESSIVE]
+    if snapshot.settings.sample:
+        same = "sampled: texts may differ from the baseline, the distribution is the target's"
+    elif base is None:
+        same = "no baseline to compare the texts with"
+    elif all(c is True for c in checks):
+        same = "every lane's text is identical to the baseline ✓"
+    else:
+        divs = [(st, by[st].get("divergence")) for st in snapshot.strategies if by[st].get("divergence")]
+        same = "; ".join(f"`{st}` leaves the baseline: {divergence.short(d)}" for st, d in divs) or \
+            "a lane's text differs from the baseline"
+        if any(d["kind"] == divergence.MISMATCH for _, d in divs):
+            same += " (a mismatch is a bug: please report it with the CSV)"
+        else:
+            same += " (bf16 rounding of an almost-tied choice; marked in the lane)"
+    speed = (" · speed-up vs autoregressive: " + ", ".join(parts)) if parts else ""
+    extra = "".join(f" · {n}" for n in notes)
+    return f"✓ **Done** in {wall:.1f} s{speed} · {same}{extra}  \n<small>{where}</small>"
+
+
+def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None, files=(None, None),
+           figures: bool = True, stopped: bool = False) -> tuple:
+    """All of the page's outputs for one snapshot, in OUTPUT_LABELS order (``gr.skip()`` for what is unchanged:
+    the CSV files until the end, the figures when ``figures`` is false)."""
+    frame = snapshot.iterations()
+    summaries = snapshot.summaries(frame)
+    figs = plots.all_figures(frame, snapshot.strategies) if figures or final else (gr.skip(),) * 4
+    return (
+        _status(snapshot, summaries, wall, final, notes, stopped),
+        lanes_html([d.policy for d in snapshot.decoders], snapshot.tokens(), summaries, decode),
+        *figs,
+        summary_frame(summaries),
+        files[0] if final else gr.skip(),
+        files[1] if final else gr.skip(),
+    )
+
+
+def _blank(status: str, lanes: list[Policy], lane_message: str, plot_message: str) -> tuple:
+    """The page's outputs when there is no iteration to show (starting, or stopped before the first)."""
+    titles = (plots.RACE_TITLE, plots.LOOKAHEAD_TITLE, plots.LATENCY_TITLE, plots.CONFIDENCE_TITLE)
+    return (status, lanes_html(lanes, None, None, message=lane_message),
+            *(plots.empty_figure(t, plot_message) for t in titles), summary_frame([]), None, None)
+
+
+def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = DEFAULTS.lane_b, k=DEFAULTS.k,
+            threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
+            max_new_tokens=DEFAULTS.max_new_tokens, baseline: bool = DEFAULTS.baseline, chat: bool = DEFAULTS.chat,
+            sample: bool = DEFAULTS.sample, temperature=DEFAULTS.temperature, top_p=DEFAULTS.top_p,
+            seed=DEFAULTS.seed, lane_a_assistant: str = DEFAULT_ASSISTANT, lane_b_assistant: str = DEFAULT_ASSISTANT, *,
+            interval: float = UPDATE_INTERVAL_S, plot_interval: float = PLOT_INTERVAL_S,
+            should_stop: Callable[[], bool] | None = None, get_profile: Callable[[], object] | None = None
+            ) -> Iterator[tuple]:
+    """Race the lanes and stream the page's outputs (see OUTPUT_LABELS).
+
+    ``get_pair`` is a ModelPair or a function returning one (it may wait for start-up loading).
+    ``should_stop`` is polled before every forward pass: when it turns true the iteration in progress is
+    abandoned and the run ends with a "Stopped" status and the completed iterations' trace in the CSV files.
+    User mistakes become ``gr.Error`` with the engine's one-line message. ``get_profile`` returns this machine's
+    cost profile (or None while it is measured): the ``auto`` lane runs its recommended setting.
+    """
+    start = time.perf_counter()
+    try:
+        prof = None
+        if AUTO in (str(lane_a).strip(), str(lane_b).strip()):
+            prof = get_profile() if get_profile is not None else None
+        # the controls become policies here, once: a typo fails before anything runs
+        lanes, notes = lane_policies(lane_a, lane_b, k, threshold, max_lookahead, baseline,
+                                     (lane_a_assistant, lane_b_assistant), prof)
+        budgets = limits.Budgets.from_env()
+        prompt = limits.check_prompt(prompt)
+        limits.check_lookahead(build_policies(lanes), budgets.max_lookahead)  # typed specs get the sliders' ranges
+        settings = decode_settings(max_new_tokens, sample, temperature, top_p, seed)
+        limits.check_new_tokens(settings.max_new_tokens, budgets)
+    except UserError as exc:
+        raise gr.Error(str(exc), print_exception=False) from None
+    for note in notes:
+        gr.Warning(note)
+
+    waiting = "warming up" + (" and computing the oracle's reference" if any(p.probes_verification for p in lanes) else "")
+    yield _blank(f"○ **Starting** · {', '.join(f'`{p.spec}`' for p in lanes)} · {waiting}…", lanes,
+                 waiting + "…", "waiting for the first iteration…")
+
+    holder: list = [None]
+    deadline = limits.Deadline(budgets.run_s)
+    should_stop = deadline.stop_check(should_stop)
+    try:
+        pair = get_pair() if callable(get_pair) else get_pair
+        decode = getattr(pair, "decode", None)
+        with COMPUTE_LOCK:  # waits at most one chunk of the background profile
+            costs_for = profile_costs(get_profile) if any(p.needs_costs for p in lanes) else None
+            yield from _race_updates(pair, prompt, lanes, settings, chat, should_stop, start, notes, decode,
+                                     interval, plot_interval, holder, costs_for)
+    except Interrupted:  # Stop while the oracle's reference was being computed: no iteration has run
+        pass
+    except UserError as exc:
+        raise gr.Error(str(exc), print_exception=False) from None
+    except gr.Error:
+        raise
+    except Exception as exc:  # a bug or an exhausted machine: say so in one line, keep the app alive
+        log.exception("run failed")
+        first = first_line(exc) if str(exc).strip() else ""
+        raise gr.Error(f"the run failed: {type(exc).__name__}: {first}") from None
+    snapshot = holder[0]  # the last completed step (a Stop mid-iteration keeps every completed one)
+    stopped = (snapshot is None or not snapshot.finished) and should_stop()
+    by_budget = stopped and deadline.ended_the_run()
+    if by_budget:
+        notes = notes + [deadline.reason()]
+    if snapshot is None and stopped:
+        why = f" ({deadline.reason()})" if by_budget else ""
+        yield _blank(f"■ **Stopped** after {time.perf_counter() - start:.1f} s, before any lane finished an "
+                     f"iteration{why}; press **Run** to start again", lanes, "stopped",
+                     "stopped before the first iteration")
+        return
+    if snapshot is None:
+        raise gr.Error("the run produced no iterations")
+    files = write_csvs(snapshot)
+    yield render(snapshot, final=True, wall=time.perf_counter() - start, notes=notes, decode=decode, files=files,
+                 stopped=stopped)
+
+
+def profile_costs(get_profile: Callable[[], object] | None):
+    """``costs_for(precision)`` from this machine's profile (what the cost-aware lane reads), or None while it is
+    still being measured (the race then calibrates the pair once itself)."""
+    prof = get_profile() if get_profile is not None else None
+    if prof is None:
+        return None
+
+    def costs_for(precision: str):
+        try:
+            return prof.cost_model(precision)
+        except (KeyError, AttributeError):
+            return None
+    return costs_for
+
+
+def _race_updates(pair, prompt, lanes, settings, chat, should_stop, start, notes, decode, interval, plot_interval,
+                  holder: list, costs_for=None):
+    """The streamed (non-final) updates of one race; the last snapshot is left in ``holder[0]``."""
+    last = last_plot = -math.inf
+    cost = 0.0
+    for snapshot in race(pair, prompt, lanes, settings, chat=bool(chat), should_stop=should_stop,
+                         costs_for=costs_for):
+        holder[0] = snapshot
+        now = time.perf_counter()
+        # never spend more than about a third of the wall time on drawing (the lanes' own clocks don't
+        # count it, but a visitor waits for it)
+        if not snapshot.finished and now - last >= max(interval, 2.0 * cost):
+            # the browser redraws four whole Plotly charts per update: they get a slower cadence than the text
+            with_figures = now - last_plot >= max(plot_interval, interval)
+            update = render(snapshot, final=False, wall=now - start, notes=notes, decode=decode, figures=with_figures)
+            cost = time.perf_counter() - now
+            last_plot = now if with_figures else last_plot
+            yield update
+            last = time.perf_counter()

@@ -1,0 +1,189 @@
+"""Analysis of the runs table: geometric-mean speed-ups, best settings, theory beside measurement, replay
+validated against timed runs, ours against the peer."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import pandas as pd
+
+from disco import theory
+from disco.bench.peer import PEER_PREFIX
+from disco.costs.model import CostModel
+from disco.policies import AUTOREGRESSIVE, REFERENCE as REFERENCE_SETTING, policy_kinds, spec_kind
+
+TIME_TOLERANCE = 0.15  # predicted vs measured seconds, per strategy summed over the timed prompts
+POLICY_COLUMNS = ("policy_kind", "tau", "kmax")  # a setting's kind and parameters (disco.bench.runs.policy_columns)
+
+
+def geomean(values: Iterable[float]) -> float:
+    vals = [v for v in values if v is not None and v == v and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else math.nan
+
+
+def add_decode_speedup(runs: pd.DataFrame) -> pd.DataFrame:
+    """decode_speedup: the speed-up of the decode loop alone (prefill, i.e. iteration 1, excluded), against
+    the autoregressive run of the same prompt, mode and implementation (NaN for the peer: not measurable)."""
+    if runs.empty or "decode_seconds" not in runs:
+        return runs
+    runs = runs.copy()
+    is_ar = runs["strategy"].isin([AUTOREGRESSIVE, PEER_PREFIX + AUTOREGRESSIVE])
+    base = runs[is_ar].set_index(["mode", "implementation", "prompt_id"])["decode_seconds"]
+    keys = list(zip(runs["mode"], runs["implementation"], runs["prompt_id"]))
+    ar = pd.Series([base.get(k, math.nan) for k in keys], index=runs.index, dtype=float)
+    runs["decode_speedup"] = ar / pd.to_numeric(runs["decode_seconds"], errors="coerce")
+    return runs
+
+
+def _divergence_counts(rows: pd.DataFrame) -> str:
+    """``near-tie 2, mismatch 0``-style counts of the explained divergences among ``rows`` ('' when none)."""
+    if "divergence" not in rows:
+        return ""
+    kinds = rows["divergence"].dropna().astype(str)
+    counts = kinds[kinds != ""].value_counts()
+    return ", ".join(f"{k} {n}" for k, n in counts.items())
+
+
+def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per mode x strategy x kind ("all" + each kind): geometric-mean speed-up with its spread."""
+    out = []
+    if runs.empty:
+        return pd.DataFrame()
+    runs = add_decode_speedup(runs)
+    for (mode, strategy), group in runs.groupby(["mode", "strategy"], sort=False):
+        for kind, rows in [("all", group)] + list(group.groupby("kind", sort=True)):
+            sp = rows["speedup"].astype(float)
+            ident = rows["identical_to_autoregressive"]
+            out.append({
+                "mode": mode, "strategy": strategy, "implementation": rows["implementation"].iloc[0], "kind": kind,
+                "prompts": len(rows), "speedup_geomean": geomean(sp), "speedup_min": sp.min(), "speedup_max": sp.max(),
+                "decode_speedup_geomean": geomean(rows["decode_speedup"].astype(float)),
+                "seconds_total": float(rows["seconds"].sum()), "new_tokens_total": int(rows["new_tokens"].sum()),
+                "target_passes_total": int(rows["target_passes"].sum()),
+                "assistant_passes_total": int(pd.to_numeric(rows["assistant_passes"], errors="coerce").fillna(0).sum()),
+                "acceptance_rate_mean": float(pd.to_numeric(rows["acceptance_rate"], errors="coerce").mean()),
+                "mean_lookahead_mean": float(pd.to_numeric(rows["mean_lookahead"], errors="coerce").mean()),
+                "all_identical": bool(ident.dropna().astype(bool).all()) if ident.notna().any() else None,
+                "divergences": _divergence_counts(rows),
+                "overhead_pct_mean": float(pd.to_numeric(rows["overhead_pct"], errors="coerce").mean()),
+                **{c: rows[c].iloc[0] for c in POLICY_COLUMNS if c in rows},
+            })
+    return pd.DataFrame(out)
+
+
+def overall_rows(summary: pd.DataFrame, mode: str = "replay") -> pd.DataFrame:
+    if summary.empty:
+        return summary
+    return summary[(summary["mode"] == mode) & (summary["kind"] == "all")].set_index("strategy")
+
+
+def best_settings(summary: pd.DataFrame, column: str = "speedup_geomean") -> dict:
+    """The best static K, the best threshold setting and friends, from replay's overall geomean speed-ups."""
+    overall = overall_rows(summary)
+    if overall.empty or column not in overall:
+        return {}
+    sp = overall[column]
+    kinds = {s: spec_kind(s) for s in sp.index}
+    def best(kind):
+        cands = sp[[s for s in sp.index if kinds[s] == kind]].dropna()
+        return (cands.idxmax(), float(cands.max())) if not cands.empty else (None, math.nan)
+    out = {}
+    for kind in [cls.kind for cls in policy_kinds() if cls.kind != AUTOREGRESSIVE]:
+        spec, value = best(kind)
+        if spec is None and kind not in ("static", "threshold", "heuristic", "oracle"):
+            continue  # a kind this grid did not hold
+        out[f"best_{kind}"], out[f"best_{kind}_speedup"] = spec, value
+    out["reference"] = REFERENCE_SETTING
+    out["reference_speedup"] = float(sp.get(REFERENCE_SETTING, math.nan))
+    return out
+
+
+def theory_frame(alpha: float, c: float, costs: CostModel | None, summary: pd.DataFrame,
+                 ks: Iterable[int] = range(1, 21)) -> pd.DataFrame:
+    """Leviathan et al.'s predicted speed-up per static K beside replay's (measured-cost) answer.
+
+    ``theory_speedup`` assumes verifying k+1 tokens costs one target step; the second column uses the
+    measured verification cost t_target(k+1) instead, which matters on CPUs where it grows with k.
+    """
+    overall = overall_rows(summary)
+    rows = []
+    for k in ks:
+        tokens = theory.expected_tokens(alpha, k)
+        cost_aware = math.nan
+        if costs is not None:
+            t1 = costs.target_ms(1)
+            cost_aware = tokens * t1 / (k * costs.assistant_ms(1) + costs.target_ms(k + 1))
+        spec = f"static:{k}"
+        rows.append({"K": k, "alpha": alpha, "c": c, "theory_tokens_per_iteration": tokens,
+                     "theory_speedup": theory.speedup(alpha, k, c), "theory_speedup_measured_verify": cost_aware,
+                     "replay_speedup": float(overall["speedup_geomean"].get(spec, math.nan)) if not overall.empty else math.nan})
+    return pd.DataFrame(rows)
+
+
+def validation_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """For every timed run of ours: replay's prediction beside the measurement."""
+    timed = runs[(runs["mode"] == "timed") & (runs["implementation"] == "ours")]
+    rep = runs[runs["mode"] == "replay"].set_index(["prompt_id", "strategy"])
+    rows = []
+    for _, t in timed.iterrows():
+        key = (t["prompt_id"], t["strategy"])
+        if key not in rep.index:
+            continue
+        p = rep.loc[key]
+        rows.append({
+            "prompt_id": t["prompt_id"], "strategy": t["strategy"],
+            "iterations_predicted": int(p["iterations"]), "iterations_measured": int(t["iterations"]),
+            "target_passes_predicted": int(p["target_passes"]), "target_passes_measured": int(t["target_passes"]),
+            "assistant_passes_predicted": int(p["assistant_passes"]), "assistant_passes_measured": int(t["assistant_passes"]),
+            "seconds_predicted": float(p["seconds"]), "seconds_measured": float(t["seconds"]),
+            "time_error_pct": 100.0 * (float(p["seconds"]) - float(t["seconds"])) / float(t["seconds"]),
+            "exact": int(p["iterations"]) == int(t["iterations"]) and int(p["target_passes"]) == int(t["target_passes"]),
+            "identical_to_autoregressive": t["identical_to_autoregressive"],
+            "divergence": t.get("divergence_detail", "") if isinstance(t.get("divergence_detail", ""), str) else "",
+        })
+    return pd.DataFrame(rows)
+
+
+def validation_outcome(val: pd.DataFrame) -> dict:
+    if val.empty:
+        return {"checked": 0}
+    per = val.groupby("strategy")[["seconds_predicted", "seconds_measured"]].sum()
+    err = 100.0 * (per["seconds_predicted"] - per["seconds_measured"]) / per["seconds_measured"]
+    total_err = 100.0 * (val["seconds_predicted"].sum() - val["seconds_measured"].sum()) / val["seconds_measured"].sum()
+    return {
+        "checked": len(val), "exact": int(val["exact"].sum()),
+        "exact_assistant": int((val["assistant_passes_predicted"] == val["assistant_passes_measured"]).sum()),
+        "time_error_pct_by_strategy": {k: round(float(v), 2) for k, v in err.items()},
+        "time_error_pct_total": round(float(total_err), 2),
+        "time_error_pct_rows_median_abs": round(float(val["time_error_pct"].abs().median()), 2),
+        "tolerance_pct": 100 * TIME_TOLERANCE,
+        "counts_ok": bool(val["exact"].all()),
+        "time_ok": bool((err.abs() <= 100 * TIME_TOLERANCE).all()),
+        "passed": bool(val["exact"].all() and (err.abs() <= 100 * TIME_TOLERANCE).all()),
+    }
+
+
+def peer_frame(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Ours against transformers on the same settings (timed prompts only)."""
+    timed = runs[runs["mode"] == "timed"]
+    rows = []
+    for spec in timed.loc[timed["implementation"] == "ours", "strategy"].unique():
+        ours = timed[(timed["strategy"] == spec) & (timed["implementation"] == "ours")]
+        hf = timed[timed["strategy"] == PEER_PREFIX + spec]
+        if hf.empty:
+            continue
+        merged = ours.merge(hf, on="prompt_id", suffixes=("_ours", "_hf"))
+        rows.append({
+            "strategy": spec, "prompts": len(merged),
+            "seconds_ours": float(merged["seconds_ours"].sum()), "seconds_hf": float(merged["seconds_hf"].sum()),
+            "ratio_ours_over_hf": float(merged["seconds_ours"].sum() / merged["seconds_hf"].sum()),
+            "ratio_median_per_prompt": float((merged["seconds_ours"] / merged["seconds_hf"]).median()),
+            "speedup_ours": geomean(merged["speedup_ours"]), "speedup_hf": geomean(merged["speedup_hf"]),
+            "same_text": bool(merged["same_as_ours_hf"].astype(bool).all()),
+            "equal_target_passes": bool((merged["target_passes_ours"] == merged["target_passes_hf"]).all()),
+            "target_passes_ours": int(merged["target_passes_ours"].sum()),
+            "target_passes_hf": int(merged["target_passes_hf"].sum()),
+            "overhead_pct_ours": float(pd.to_numeric(merged["overhead_pct_ours"], errors="coerce").mean()),
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,303 @@
+"""The benchmark area's subcommands: ``python -m disco bench``, ``profile`` and ``train``. Each declares its own
+arguments with the shared pieces of ``disco.options``; the root parser (``disco.cli``) adds them."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from disco import options
+from disco.bench.analysis import REFERENCE_SETTING
+from disco.bench.run import BenchConfig, run_bench
+from disco.bench.suite import DEFAULT_SUITE, SPLITS, BenchError, load_suite, pick_prompts
+from disco.costs.profile import DEFAULT_PROMPTS, DEFAULT_TOKENS
+from disco.errors import InputError
+from disco.machine import flags_line
+from disco.models import load_resolved
+from disco.policies import KMAXES, STATIC_KS, TAUS, parse_strategy
+from disco.policies.grids import default_grid, unique
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def add_commands(sub) -> None:
+    add_bench(sub)
+    add_profile(sub)
+    add_train(sub)
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+
+
+def add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark and sweep: exact replay of a grid, timed runs, transformers as the peer",
+                       description="Static vs dynamic speculation lookahead on a prompt suite: exact greedy replay of a "
+                                   "grid, timed runs of the best settings, and transformers' assisted generation as "
+                                   "the peer.")
+    options.add_models(p)
+    p.add_argument("--suite", default=None, help=f"prompt suite (.json/.jsonl; default {DEFAULT_SUITE.name})")
+    p.add_argument("--prompts", default=None, help="comma-separated prompt ids or kinds to keep")
+    p.add_argument("--max-new-tokens", type=options.positive, default=None, help="tokens per prompt (default 64; quick 32)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default bench-out/MODELS)")
+    p.add_argument("--quick", action="store_true",
+                   help="CI smoke run: tiny pair, 3 prompts, both modes including the peer")
+    p.add_argument("--mode", choices=["replay", "timed", "both"], default=None,
+                   help="replay (default; exact greedy replay of the grid), timed (real runs + transformers peer), "
+                        "or both (adds the validation of replay against the timed runs; the --quick default)")
+    options.add_numerics(p, "the assistant's weights for every lane: model, int8 (dynamic int8, CPU) or auto "
+                            "(calibrated)")
+    p.add_argument("--static-ks", type=options.number_list(int), default=None, help=f"default {','.join(map(str, STATIC_KS))}")
+    p.add_argument("--taus", type=options.number_list(float), default=None, help="default 0.05,0.1,...,0.95")
+    p.add_argument("--kmaxes", type=options.number_list(int), default=None, help=f"default {','.join(map(str, KMAXES))}")
+    p.add_argument("--strategy", action="append", dest="extra", default=[], metavar="SPEC",
+                   help="extra strategy to replay (repeatable)")
+    p.add_argument("--timed-strategies", default=None,
+                   help="comma-separated specs to time (default: autoregressive, best static K, best threshold, "
+                        "threshold:0.4:20, adaptive:0.4:20)")
+    p.add_argument("--timed-prompts", type=options.positive, default=None,
+                   help="how many prompts to time, spread over the kinds (default 6; quick: all)")
+    p.add_argument("--split", choices=SPLITS, default="all",
+                   help="replay only the suite's train or test prompts (split by prompt, alternately within each kind); "
+                        "with all (default) the report adds a train/test table: each kind's setting chosen on train, "
+                        "its speed-up on test")
+    p.add_argument("--reps", type=options.positive, default=1, help="A B repetitions per prompt and strategy (median kept)")
+    p.add_argument("--calibration-reps", type=options.positive, default=2, help="timings per pass size (median kept)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default OUT/tables)")
+    p.add_argument("--cost-profile", default="measured", metavar="PROFILE",
+                   help="how replay turns passes into time: measured (this machine, default), flat:C (every target pass "
+                        "one step, an assistant pass C steps: a GPU with a tiny draft), or a per-pass CSV from "
+                        "`python -m disco profile --csv`. Other than measured: --mode replay only, and cached tables "
+                        "are re-costed in seconds without loading the models")
+    p.add_argument("--no-peer", action="store_true", help="skip transformers' generate")
+    p.add_argument("--threads", type=options.positive, default=None, help="torch intra-op threads")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild summary.csv/md, heatmaps, theory, validation from OUT/runs.csv and meta.json")
+    p.set_defaults(func=cmd_bench)
+
+
+def config_from_args(args, argv: list[str]) -> BenchConfig:
+    quick = args.quick
+    models = "tiny" if quick and "--models" not in " ".join(argv) else args.models
+    for tau in args.taus or ():
+        if not 0 <= tau <= 1:
+            raise BenchError(f"--taus: {tau} is not in [0, 1]")
+    # the grid and every typed spec become policies here, once: nothing below parses a spec again
+    policies = default_grid(args.static_ks or STATIC_KS, args.taus or TAUS, args.kmaxes or KMAXES)
+    policies = unique(policies + [parse_strategy(s) for s in args.extra])
+    timed = [parse_strategy(s) for s in args.timed_strategies.split(",") if s.strip()] if args.timed_strategies else []
+    out = args.out or Path("bench-out") / ("quick" if quick else "".join(c if c.isalnum() else "_" for c in models)[:40])
+    prompts = args.prompts
+    if quick and prompts is None:
+        suite = load_suite(args.suite)
+        prompts = ",".join(p.id for p in pick_prompts(suite, 3))
+    return BenchConfig(
+        models=models, suite=args.suite, max_new_tokens=args.max_new_tokens or (32 if quick else 64), out=out,
+        mode=args.mode or ("both" if quick else "replay"), dtype=args.dtype, device=args.device,
+        assistant_precision=args.assistant_precision, policies=tuple(policies), timed_policies=tuple(timed),
+        timed_prompts=args.timed_prompts or (None if quick else 6), prompts=prompts, split=args.split, reps=args.reps,
+        calibration_reps=args.calibration_reps,
+        cache_dir=args.cache_dir, cost_profile=args.cost_profile, peer=not args.no_peer, progress=not args.no_progress,
+        command=_env_prefix() + "python -m disco bench " + " ".join(argv),
+    )
+
+
+def _env_prefix() -> str:
+    """The environment that changes what a bench run measures, written before its command (reproducible)."""
+    keep = [f"{name}={os.environ[name]}" for name in ("DISCO_CLASSIFIER", "ONEDNN_MAX_CPU_ISA") if os.environ.get(name)]
+    return " ".join(keep) + " " if keep else ""
+
+
+def cmd_bench(args) -> int:
+    argv = args.argv
+    cfg = config_from_args(args, argv)
+    if args.report_only:
+        from disco.bench.report import report_only
+
+        report_only(cfg.out)
+        print(f"rewrote the reports in {cfg.out}/")
+        return 0
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    elif cfg.models == "tiny":
+        torch.set_num_threads(1)  # tiny models gain nothing from threads; on a busy machine they thrash
+    try:
+        result = run_bench(cfg)
+    except OSError as exc:
+        raise BenchError(f"{exc.strerror or exc}{': ' + str(exc.filename) if exc.filename else ''}") from None
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt("interrupted (replay tables computed so far are cached; re-run to resume)") from None
+    meta = result["meta"]
+    best = meta.get("best", {})
+    lines = [f"wrote {cfg.out}/: " + ", ".join(sorted(p.name for p in result["files"].values()))]
+    if best:
+        lines.append(f"best static {best.get('best_static')} {best.get('best_static_speedup', math.nan):.2f}x | "
+                     f"{REFERENCE_SETTING} {best.get('reference_speedup', math.nan):.2f}x | best threshold "
+                     f"{best.get('best_threshold')} {best.get('best_threshold_speedup', math.nan):.2f}x | oracle "
+                     f"{best.get('best_oracle_speedup', math.nan):.2f}x (replay, geomean)")
+    v = result["validation"]
+    if v.get("checked"):
+        lines.append(f"validation: {v['exact']}/{v['checked']} runs with exactly the predicted iterations and target "
+                     f"passes; time error {v['time_error_pct_total']:+.1f}% total, per strategy within "
+                     f"±{v['tolerance_pct']:.0f}%: {'yes' if v['time_ok'] else 'no'}")
+    if meta.get("ours_over_hf_total") == meta.get("ours_over_hf_total"):
+        lines.append(f"ours / transformers seconds: {meta['ours_over_hf_total']:.3f}; "
+                     f"engine overhead {meta.get('overhead_pct_mean', math.nan):.2f}%")
+    print("\n".join(lines))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# profile
+
+
+def add_profile(sub) -> None:
+    p = sub.add_parser("profile", help="measure and print this machine's cost profile and recommended lookahead")
+    options.add_models(p)
+    options.add_numerics(p)
+    p.add_argument("--prompts", default=",".join(DEFAULT_PROMPTS),
+                   help=f"comma-separated suite prompt ids for the acceptance replay (default {','.join(DEFAULT_PROMPTS)})")
+    p.add_argument("--max-new-tokens", type=options.integer, default=DEFAULT_TOKENS, help="tokens replayed per prompt")
+    p.add_argument("--reps", type=options.integer, default=3, help="timings per pass size (median kept)")
+    p.add_argument("--refresh", action="store_true", help="measure again even if this machine's profile is cached")
+    p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
+    p.add_argument("--csv", type=Path, help="also write the per-pass costs here (role, precision, kind, tokens, ms)")
+    p.set_defaults(func=cmd_profile)
+
+
+def print_profile(prof, out=None) -> None:
+    out = out or sys.stdout
+    w = lambda line="": print(line, file=out)
+    w(f"machine: {flags_line(prof.key)}; torch {prof.key['torch']}")
+    w(f"models: {prof.key['models']} ({prof.dtype}, {prof.key['device']}); measured {prof.measured_at} in {prof.seconds:.0f} s")
+    if prof.decision:
+        w(f"numerics: chose {prof.decision['dtype']} + {prof.decision['assistant_precision']} assistant: "
+          f"{prof.decision['reason']}")
+    w("\ntarget pass cost against tokens verified (on a ~40-token cache)")
+    t1 = prof.target_ms[1]
+    cells = [f"{n:>2}: {ms:6.0f} ms {ms / t1:4.2f}x" for n, ms in sorted(prof.target_ms.items())]
+    for i in range(0, len(cells), 4):
+        w("  " + "   ".join(cells[i:i + 4]))
+    w("\nassistant step and acceptance")
+    for p in prof.precisions:
+        w(f"  {p:5s}  {prof.assistant_ms[p][1]:6.0f} ms a step  c = {prof.cost_ratio(p):.2f}  "
+          f"acceptance alpha = {prof.acceptance.get(p, math.nan):.2f}")
+    w("\nspeed-up over autoregressive: replay on " + ", ".join(prof.prompts) + f" ({prof.max_new_tokens} tokens, "
+      "geomean) and Leviathan's prediction with the measured verification cost")
+    head = f"  {'assistant':9s} {'best static K':>20s} {'best threshold':>26s} {REF_LABEL:>22s} {'Leviathan best K':>18s}"
+    w(head)
+    for p, e in prof.recommended.get("by_precision", {}).items():
+        w(f"  {p:9s} {e.get('static', '-'):>13s} {e.get('static_speedup', math.nan):5.2f}x "
+          f"{e.get('threshold', '-'):>19s} {e.get('threshold_speedup', math.nan):5.2f}x "
+          f"{e.get('reference_speedup', math.nan):21.2f}x {('K=' + str(e.get('leviathan_k'))):>11s} "
+          f"{e.get('leviathan_speedup', math.nan):5.2f}x")
+    rec = prof.recommended
+    if "auto" in rec:
+        verdict = "speculation pays here" if rec.get("speculation_pays") else "speculation does not pay here"
+        w(f"\nrecommended (the `auto` lane): {rec['auto']}  {rec['auto_speedup']:.2f}x ({verdict})")
+        if not rec.get("speculation_pays") and rec.get("best_speculative"):
+            w(f"best speculative setting: {rec['best_speculative']}  {rec['best_speculative_speedup']:.2f}x")
+
+
+REF_LABEL = REFERENCE_SETTING
+
+
+def cmd_profile(args) -> int:
+    from disco.bench import machine_profile
+    from disco.costs.model import write_csv
+
+    prompts = tuple(x.strip() for x in args.prompts.split(",") if x.strip())
+    if not prompts:
+        raise options.UsageError("--prompts: give at least one suite prompt id")
+    machine_profile.suite_prompts(prompts)
+    if not 1 <= args.max_new_tokens <= 512:
+        raise options.UsageError(f"--max-new-tokens must be between 1 and 512, got {args.max_new_tokens}")
+    if not 1 <= args.reps <= 20:
+        raise options.UsageError(f"--reps must be between 1 and 20, got {args.reps}")
+    options.check_writable(args.csv)
+    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log)
+    prof = machine_profile.get(pair, args.models, refresh=args.refresh, prompts=prompts,
+                               max_new_tokens=args.max_new_tokens, reps=args.reps, log=_log)
+    if args.csv:
+        write_csv(prof.cost_rows(), args.csv)
+    if args.json:
+        print(json.dumps(options.json_safe(prof.to_dict()), ensure_ascii=False))
+    else:
+        print_profile(prof)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+
+
+def add_train(sub) -> None:
+    from disco.policies.classifier import DEFAULT_WEIGHTS
+
+    p = sub.add_parser("train", help="train the DISCO classifier (disco:KMAX lanes) from replay tables")
+    options.add_models(p)
+    options.add_numerics(p)
+    p.add_argument("--suite", default=None, help="prompt suite (default assets/suite.json)")
+    p.add_argument("--prompts", default=None, help="comma-separated prompt ids or kinds (default: the whole suite)")
+    p.add_argument("--max-new-tokens", type=options.integer, default=48, help="tokens per prompt (default 48)")
+    p.add_argument("--kmax", type=options.integer, default=20, help="deepest draft step sampled and the KMAX tuned for")
+    p.add_argument("--cost-profile", default="measured", metavar="PROFILE",
+                   help="costs the stop threshold is tuned under: measured (default), flat:C, or a profile CSV")
+    p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default: the one cache)")
+    p.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS, help=f"weights file (default {DEFAULT_WEIGHTS.name} in assets/)")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args) -> int:
+    from disco import cache
+    from disco.bench.suite import filter_prompts, split_of
+    from disco.bench.train import train
+    from disco.costs import measure as cost_measure, model as cost_mod
+    from disco.models.pair import encode_prompt
+    from disco.replay.tables import build_table
+
+    log = _log
+    if not 1 <= args.kmax <= 64:
+        raise InputError(f"--kmax must be between 1 and 64, got {args.kmax}")
+    if not 2 <= args.max_new_tokens <= 512:
+        raise InputError(f"--max-new-tokens must be between 2 and 512, got {args.max_new_tokens}")
+    profile = cost_mod.check_profile(args.cost_profile)
+    suite = load_suite(args.suite)
+    which = split_of(suite)
+    prompts = filter_prompts(suite, args.prompts)
+    if not any(which[p.id] == "train" for p in prompts):
+        raise InputError("the selected prompts hold no train-split prompt")
+    out = args.out.expanduser()
+    if out.is_dir() or not out.resolve().parent.is_dir():
+        raise InputError(f"cannot write {out}: give a file in an existing folder")
+    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=log)
+    encoded = {p.id: encode_prompt(pair, p.prompt, p.chat, args.max_new_tokens) for p in prompts}
+    tables = {}
+    cache_dir = args.cache_dir or cache.tables_dir()
+    for p in prompts:
+        log(f"table {p.id} ({which[p.id]}) ...")
+        tables[p.id] = build_table(pair, encoded[p.id], args.max_new_tokens, cache_dir, name=p.id)
+    costs = cost_mod.resolve(profile, measured=lambda: cost_measure.cached_costs(pair, list(encoded.values()), args.kmax),
+                             precision=pair.assistant_precision)
+    meta = dict(pair.describe())
+    meta.update(cost_profile=profile, command="python -m disco train " + " ".join(sys.argv[2:]))
+    weights = train({k: t for k, t in tables.items() if which[k] == "train"},
+                    {k: t for k, t in tables.items() if which[k] == "test"},
+                    costs, args.max_new_tokens, args.kmax, meta, log)
+    for t in tables.values():
+        if t.dirty:
+            t.save()
+    out.write_text(json.dumps(weights.to_dict(), indent=1) + "\n")
+    test = weights.meta["test"]
+    log(f"wrote {out}: threshold {weights.threshold:g}; test split: ROC AUC {test.get('roc_auc', math.nan):.3f}, "
+        f"accuracy {test.get('accuracy', math.nan):.3f} on {test.get('samples', 0)} samples, replay speed-up "
+        f"{weights.meta['test_replay_speedup']:.3f}x")
+    return 0

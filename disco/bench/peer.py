@@ -1,0 +1,169 @@
+"""Timed runs: our engine and, back to back, transformers' own assisted generation (the peer), interleaved."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+
+import torch
+
+from disco.bench.runs import PEER_PREFIX, run_row
+from disco.bench.suite import BenchError, SuitePrompt
+from disco.decode.divergence import explain as explain_divergence
+from disco.decode.divergence import short as divergence_short
+from disco.decode.live import Decoder
+from disco.decode.race import greedy_reference
+from disco.decode.settings import DecodeSettings
+from disco.decode.trace import iterations_frame, summarize
+from disco.models.pair import encode_prompt, sync
+from disco.policies import AUTOREGRESSIVE, Autoregressive, Policy, Threshold
+
+
+@contextlib.contextmanager
+def roc_adaptation(enabled: bool):
+    """transformers adapts a non-zero ``assistant_confidence_threshold`` online whenever scikit-learn is installed
+    (``AssistedCandidateGenerator``, checked with ``is_sklearn_available`` in that module). A fixed-threshold
+    peer must not adapt, the ``adaptive`` peer must: switch it per run."""
+    from transformers.generation import candidate_generator as cg
+
+    if enabled:
+        if not cg.is_sklearn_available():
+            raise BenchError("the adaptive peer needs scikit-learn (pip install scikit-learn)")
+        yield
+        return
+    saved = cg.is_sklearn_available
+    cg.is_sklearn_available = lambda: False
+    try:
+        yield
+    finally:
+        cg.is_sklearn_available = saved
+
+
+def run_ours(pair, prompt_ids: list[int], policy: Policy, max_new_tokens: int, reference: list[int] | None = None,
+             costs=None) -> dict:
+    if policy.probes_verification:  # the oracle knows the target's continuation
+        if reference is None:
+            reference = greedy_reference(pair, prompt_ids, max_new_tokens)
+        policy.reference = list(reference)
+    start = time.perf_counter()
+    decoder = Decoder(pair, list(prompt_ids), policy, DecodeSettings(max_new_tokens=max_new_tokens), costs=costs)
+    decoder.run()
+    seconds = time.perf_counter() - start
+    summary = summarize(policy.spec, iterations_frame(decoder.records))
+    summary["decode_seconds"] = summary["seconds"] - summary["ttft_ms"] / 1000.0  # after the first iteration
+    summary["seconds"] = seconds  # wall time of the whole call, as for the peer
+    return {"summary": summary, "output_ids": decoder.output_ids, "records": decoder.records, "tokens": decoder.tokens,
+            "dtype": pair.dtype_name}
+
+
+def run_hf(pair, prompt_ids: list[int], policy: Policy, max_new_tokens: int) -> dict:
+    """transformers' ``generate`` (greedy) with the assistant configured like ``policy`` (``Policy.hf_kwargs``, its
+    own mapping); passes counted with hooks."""
+    settings = policy.hf_kwargs()
+    if settings is None:
+        raise BenchError(f"strategy {policy.spec!r} has no transformers peer")
+    gc = pair.assistant.generation_config
+    keys = ("num_assistant_tokens", "assistant_confidence_threshold", "num_assistant_tokens_schedule")
+    saved = {k: getattr(gc, k, None) for k in keys}
+    counts = {"target": 0, "assistant": 0}
+
+    def counter(role):
+        def hook(module, args, output):
+            counts[role] += 1
+        return hook
+
+    hooks = [pair.target.register_forward_hook(counter("target")),
+             pair.assistant.register_forward_hook(counter("assistant"))]
+    eos = list(pair.eos_ids)
+    pad = getattr(pair.tokenizer, "pad_token_id", None)
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, repetition_penalty=1.0,
+                  eos_token_id=eos, pad_token_id=pad if pad is not None else eos[0])
+    try:
+        for k, v in settings.items():
+            setattr(gc, k, v)
+        x = torch.tensor([list(prompt_ids)], dtype=torch.long, device=pair.device)
+        mask = torch.ones_like(x)
+        with torch.inference_mode():
+            sync(pair.device)
+            with roc_adaptation(getattr(policy, "hf_roc_adaptation", False)):
+                start = time.perf_counter()
+                out = pair.target.generate(input_ids=x, attention_mask=mask,
+                                           assistant_model=pair.assistant if settings else None, **kwargs)
+            sync(pair.device)
+            seconds = time.perf_counter() - start
+    finally:
+        for h in hooks:
+            h.remove()
+        for k, v in saved.items():
+            setattr(gc, k, v)
+    output = out[0, len(prompt_ids):].tolist()
+    for i, token in enumerate(output):  # generate stops at EOS; be safe about padding
+        if token in pair.eos_ids:
+            output = output[: i + 1]
+            break
+    return {"seconds": seconds, "output_ids": output, "target_passes": counts["target"],
+            "assistant_passes": counts["assistant"]}
+
+
+def warm_up(pair, prompt_ids: list[int]) -> None:
+    """Warm both models and both code paths once (lazy initialisation must not be timed)."""
+    pair.warmup()
+    short = list(prompt_ids)[:16] or [pair.eos_ids[0]]
+    warm = Threshold(tau=0.4, k=5)
+    run_ours(pair, short, warm, 4)
+    run_hf(pair, short, warm, 4)
+    run_hf(pair, short, Autoregressive(), 2)
+
+
+def timed_prompt(pair, prompt: SuitePrompt, policies: list[Policy], max_new_tokens: int, meta: dict, reps: int = 1,
+                 reference: list[int] | None = None, peer: bool = True, order_offset: int = 0,
+                 costs=None) -> tuple[list[dict], list]:
+    """Run ours and the peer back to back for every policy (A B B A ...), ``reps`` times.
+
+    Returns the runs.csv rows (median seconds over reps) and our engine's per-iteration records."""
+    ids = encode_prompt(pair, prompt.prompt, prompt.chat, max_new_tokens)
+    measured: dict[tuple[str, str], list[dict]] = {}
+    records = []
+    for rep in range(reps):
+        for i, policy in enumerate(policies):
+            spec = policy.spec
+            # A B, then B A: alternating who goes first cancels a linear drift of the machine's speed
+            order = ("ours", "hf") if (i + rep + order_offset) % 2 == 0 else ("hf", "ours")
+            for impl in order:
+                if impl == "ours":
+                    ours = run_ours(pair, ids, policy, max_new_tokens, reference, costs)
+                    measured.setdefault(("ours", spec), []).append(ours)
+                    for r in ours["records"]:
+                        records.append({"prompt_id": prompt.id, "rep": rep, **r.__dict__})
+                elif peer and policy.hf_kwargs() is not None:
+                    measured.setdefault(("hf", spec), []).append(run_hf(pair, ids, policy, max_new_tokens))
+    base = {impl: measured.get((impl, AUTOREGRESSIVE)) for impl in ("ours", "hf")}
+    truth = base["ours"][0]["output_ids"] if base["ours"] else reference
+    rows = []
+    for (impl, spec), runs in measured.items():
+        seconds = statistics.median(r["seconds"] if impl == "hf" else r["summary"]["seconds"] for r in runs)
+        ar_runs = base[impl]
+        ar_seconds = (statistics.median(r["seconds"] if impl == "hf" else r["summary"]["seconds"] for r in ar_runs)
+                      if ar_runs else math.nan)
+        first = runs[0]
+        identical = (first["output_ids"] == truth) if truth is not None else None
+        if impl == "ours":
+            s = dict(first["summary"], seconds=seconds,
+                     decode_seconds=statistics.median(r["summary"]["decode_seconds"] for r in runs))
+            div = None
+            if identical is False and base["ours"]:  # explained from both runs' own logits (disco.divergence)
+                div = explain_divergence(base["ours"][0]["tokens"], first["tokens"], first["dtype"])
+            rows.append(run_row(prompt, spec, "timed", "ours", s, identical, ar_seconds, meta,
+                             prompt_tokens=len(ids), reps=len(runs),
+                             divergence=div["kind"] if div else "", divergence_detail=divergence_short(div)))
+        else:
+            ours_out = measured.get(("ours", spec), [{}])[0].get("output_ids")
+            new_tokens = len(first["output_ids"])
+            s = {"seconds": seconds, "new_tokens": new_tokens, "ttft_ms": None, "iterations": first["target_passes"],
+                 "target_calls": first["target_passes"], "draft_calls": first["assistant_passes"], "drafted": None,
+                 "accepted": None, "acceptance_rate": math.nan, "mean_lookahead": math.nan, "overhead_pct": math.nan}
+            rows.append(run_row(prompt, PEER_PREFIX + spec, "timed", "hf", s, identical, ar_seconds, meta,
+                             prompt_tokens=len(ids), reps=len(runs), same_as_ours=first["output_ids"] == ours_out))
+    return rows, records

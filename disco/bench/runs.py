@@ -1,0 +1,124 @@
+"""The runs table: one row per prompt x setting x mode, this machine's environment, and replay of the grid
+on one prompt (``disco.replay`` does the replaying)."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from pathlib import Path
+
+from disco.bench.suite import SuitePrompt
+from disco.costs.model import flat
+from disco.machine import cpu_info, flags_line
+from disco.models.pair import encode_prompt
+from disco.errors import UserError
+from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
+from disco.replay.run import replay_many
+from disco.replay.tables import build_table
+
+
+
+def sklearn_available() -> bool:
+    """transformers adapts the confidence threshold with an ROC curve when scikit-learn is importable."""
+    try:
+        from transformers.utils import is_sklearn_available
+
+        return bool(is_sklearn_available())
+    except ImportError:
+        return False
+
+
+def environment(pair, info: dict | None = None) -> dict:
+    """The run's models (``pair.describe()``, or ``info`` when the models are not loaded) and this machine."""
+    import torch
+    import transformers
+
+    info = dict(pair.describe() if pair is not None else info or {})
+    info.update(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
+                sklearn_available=sklearn_available(), threads=torch.get_num_threads(),
+                cpu=cpu_info()["cpu"], cpu_flags=" ".join(cpu_info()["flags"]),
+                onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA", ""), machine=flags_line())
+    from disco.policies.classifier import weights_summary
+
+    info["disco_classifier"] = weights_summary()
+    return info
+
+
+PEER_PREFIX = "hf:"  # a timed row of transformers' own generate (disco.bench.peer)
+
+
+def policy_columns(policy: Policy) -> dict:
+    """What the heatmap and the best-of-kind tables read of a setting, from the policy itself (never parsed back
+    from its spec): its kind, its threshold τ and its K / KMAX (None where it has none)."""
+    values = policy.values  # the spec's parameters (a policy's own state may move, e.g. the heuristic's K)
+    return {"policy_kind": policy.kind, "tau": values.get("tau"), "kmax": values.get("k") if policy.uses_assistant else None}
+
+
+def ensure_policy_columns(runs):
+    """A runs table with the policy columns, filled from the strategy specs where an older runs.csv lacks them."""
+    if runs.empty or all(c in runs for c in ("policy_kind", "tau", "kmax")):
+        return runs
+    runs = runs.copy()
+    cols = {}
+    for spec in runs["strategy"].unique():
+        try:
+            cols[spec] = policy_columns(parse_strategy(str(spec).removeprefix(PEER_PREFIX)))
+        except UserError:
+            cols[spec] = {"policy_kind": None, "tau": None, "kmax": None}
+    for c in ("policy_kind", "tau", "kmax"):
+        runs[c] = runs["strategy"].map(lambda s: cols[s][c])
+    return runs
+
+
+def replay_rows(prompt: SuitePrompt, table, results: dict, base_meta: dict) -> list[dict]:
+    """One runs.csv row per strategy replayed on one prompt."""
+    ar = results.get(AUTOREGRESSIVE)
+    ar_seconds = ar.summary()["seconds"] if ar is not None else math.nan
+    rows = []
+    for spec, res in results.items():
+        s = res.summary()
+        s["decode_seconds"] = s["seconds"] - s["ttft_ms"] / 1000.0
+        identical = res.output_ids == table.reference_for(base_meta["max_new_tokens"])  # true by construction
+        rows.append(run_row(prompt, spec, "replay", "ours", s, identical, ar_seconds, base_meta,
+                            assistant_passes=s["draft_calls"], prompt_tokens=len(table.prompt_ids),
+                            **policy_columns(res.policy)))
+    return rows
+
+
+def run_row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, s: dict, identical, ar_seconds: float,
+         meta: dict, **extra) -> dict:
+    seconds = s["seconds"]
+    row = {
+        "prompt_id": prompt.id, "kind": prompt.kind, "split": prompt.split, "chat": prompt.chat, "strategy": strategy,
+        "mode": mode,
+        "implementation": implementation, "seconds": seconds, "new_tokens": s["new_tokens"],
+        "iterations": s.get("iterations"), "target_passes": s["target_calls"],
+        "assistant_passes": extra.pop("assistant_passes", s.get("draft_calls")), "drafted": s.get("drafted"),
+        "accepted": s.get("accepted"), "acceptance_rate": s.get("acceptance_rate"),
+        "mean_lookahead": s.get("mean_lookahead"), "identical_to_autoregressive": identical,
+        "speedup": ar_seconds / seconds if seconds and seconds > 0 and ar_seconds == ar_seconds else math.nan,
+        "overhead_pct": s.get("overhead_pct", math.nan),
+        "ttft_seconds": s["ttft_ms"] / 1000.0 if s.get("ttft_ms") is not None else math.nan,
+        "decode_seconds": s.get("decode_seconds", math.nan),
+    }
+    row.update(extra)
+    for key in ("models", "dtype", "device", "assistant_precision", "torch", "transformers", "sklearn_available", "max_new_tokens"):
+        row[key] = meta.get(key)
+    return row
+
+
+def prepare_table(pair, prompt: SuitePrompt, policies: list[Policy], max_new_tokens: int, cache_dir: Path | None):
+    """Build (or load) one prompt's table and make sure it holds every chain token ``policies`` need."""
+    ids = encode_prompt(pair, prompt.prompt, prompt.chat, max_new_tokens)
+    table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id)
+    # a cost-aware policy needs some cost model to run; a free assistant drafts the deepest chains (what a real
+    # profile needs beyond them is computed when the grid is replayed with the models attached)
+    results = replay_many(table, policies, max_new_tokens, flat(0.0))
+    if table.builder is not None and table.builder.passes:
+        table.meta["chain_passes"] = table.meta.get("chain_passes", 0) + table.builder.passes
+        table.meta["chain_seconds"] = table.meta.get("chain_seconds", 0.0) + table.builder.ms / 1000.0
+        table.builder.passes, table.builder.ms = 0, 0.0
+    if table.dirty:
+        table.save()
+    return table, results

@@ -1,0 +1,137 @@
+"""Train DISCO's stopping classifier from replay tables (``python -m disco train``).
+
+A sample is one draft step: the assistant's greedy chain from output position p, token j, described by the
+features a policy sees (``disco.policies.classifier.FEATURES``: probability, entropy, top-2 margin, index in
+the draft, log of the running product). Its label is 1 when drafting one more token would pay, i.e. chain
+tokens 0..j+1 all equal the target's greedy continuation from p (DISCO's "continue" label, read from the
+oracle's knowledge), else 0. Samples come from every position a draft can start at, up to KMAX deep.
+
+The model is scikit-learn's ``StandardScaler`` + ``LogisticRegression``; it is saved as plain numbers in
+JSON (``ClassifierWeights``), never a pickle. Its stop threshold is chosen on the train split by replaying
+``disco:KMAX`` under the cost profile for each candidate threshold (best geometric-mean speed-up). Metrics
+on the test split (ROC AUC, accuracy, the replay speed-up) are stored beside the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+
+import numpy as np
+
+from disco.policies import AUTOREGRESSIVE, Autoregressive, DraftStep
+from disco.policies.classifier import FEATURES, ClassifierWeights, Disco, step_features
+from disco.replay.run import replay_many
+from disco.replay.tables import ReplayError
+
+# 0.05 steps, and finer below 0.05: with a cheap draft (flat:0.05) the best threshold sits near the draft's cost
+THRESHOLDS = (0.01, 0.02, 0.03, *(round(0.05 * i, 2) for i in range(1, 20)))
+
+
+def samples(table, max_new_tokens: int, kmax: int) -> tuple[list[list[float]], list[int]]:
+    """(features, labels) of every draft step a replay of this table can meet, up to ``kmax`` deep."""
+    ref = table.reference_for(max_new_tokens)
+    xs, ys = [], []
+    for p in range(0, min(max_new_tokens - 1, len(ref))):
+        step = None
+        ok = True  # chain tokens 0..j-1 all equal the reference
+        budget = min(kmax, max_new_tokens - p - 1)  # the core's length cap
+        for j in range(budget):
+            try:
+                token, prob, entropy, margin = table.features(p, j)
+            except ReplayError:  # the chain ended (EOS) before token j
+                break
+            step = DraftStep.first(p, token, prob, entropy, margin) if step is None else step.then(token, prob, entropy, margin)
+            if j + 1 >= budget or p + j + 1 >= len(ref) or token in table.eos:
+                break  # no further draft would be made, so "continue" has no label
+            ok = ok and token == ref[p + j]
+            try:
+                nxt = table.features(p, j + 1)[0]
+            except ReplayError:
+                break
+            xs.append(step_features(step))
+            ys.append(int(ok and nxt == ref[p + j + 1]))
+    return xs, ys
+
+
+def fit(xs: list[list[float]], ys: list[int], threshold: float = 0.5, meta: dict | None = None) -> ClassifierWeights:
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    if len(set(ys)) < 2:
+        raise ValueError(f"training needs both labels; got {len(ys)} samples, all labelled {ys[0] if ys else '-'}")
+    x = np.asarray(xs, dtype=float)
+    scaler = StandardScaler().fit(x)
+    scale = np.where(scaler.scale_ > 0, scaler.scale_, 1.0)
+    model = LogisticRegression(max_iter=1000).fit((x - scaler.mean_) / scale, np.asarray(ys))
+    return ClassifierWeights(scaler.mean_.tolist(), scale.tolist(), model.coef_[0].tolist(), float(model.intercept_[0]),
+                             threshold, meta)
+
+
+def _with_threshold(weights: ClassifierWeights, threshold: float) -> ClassifierWeights:
+    return ClassifierWeights(weights.mean, weights.scale, weights.coef, weights.intercept, threshold, weights.meta)
+
+
+def replay_speedup(tables: list, weights: ClassifierWeights, kmax: int, max_new_tokens: int, costs) -> float:
+    """Geometric-mean speed-up over autoregressive of ``disco:kmax`` with these weights, replayed under ``costs``."""
+    logs = []
+    for table in tables:
+        spec = f"disco:{kmax}"
+        res = replay_many(table, [Autoregressive(), Disco(spec, weights=weights, k=kmax)], max_new_tokens, costs)
+        ar, ours = res[AUTOREGRESSIVE].records[-1].elapsed_ms, res[spec].records[-1].elapsed_ms
+        logs.append(math.log(ar / ours))
+    return math.exp(sum(logs) / len(logs)) if logs else math.nan
+
+
+def metrics(weights: ClassifierWeights, xs, ys) -> dict:
+    from sklearn.metrics import roc_auc_score
+
+    if not ys:
+        return {"samples": 0}
+    scores = [weights.score(x) for x in xs]
+    out = {"samples": len(ys), "positive_rate": float(np.mean(ys)),
+           "accuracy": float(np.mean([(s >= weights.threshold) == bool(y) for s, y in zip(scores, ys)]))}
+    out["roc_auc"] = float(roc_auc_score(ys, scores)) if len(set(ys)) == 2 else math.nan
+    return out
+
+
+def train(train_tables: dict, test_tables: dict, costs, max_new_tokens: int, kmax: int = 20,
+          meta: dict | None = None, log=lambda msg: None) -> ClassifierWeights:
+    """Fit on ``train_tables`` (name -> ReplayTable), choose the stop threshold on them by replay under ``costs``,
+    and record metrics on ``test_tables``."""
+    xs, ys = [], []
+    for table in train_tables.values():
+        x, y = samples(table, max_new_tokens, kmax)
+        xs += x
+        ys += y
+    log(f"{len(ys)} training samples from {len(train_tables)} prompts ({np.mean(ys) if ys else math.nan:.2f} positive)")
+    weights = fit(xs, ys)
+    tables = list(train_tables.values())
+    tried = {t: replay_speedup(tables, _with_threshold(weights, t), kmax, max_new_tokens, costs) for t in THRESHOLDS}
+    best = max(tried, key=lambda t: (tried[t], -abs(t - 0.5)))
+    log(f"stop threshold {best} (train replay speed-up {tried[best]:.3f}x)")
+    weights = _with_threshold(weights, best)
+    tx, ty = [], []
+    for table in test_tables.values():
+        x, y = samples(table, max_new_tokens, kmax)
+        tx += x
+        ty += y
+    info = dict(meta or {})
+    info.update(
+        trained=datetime.now(timezone.utc).isoformat(timespec="seconds"), kmax=kmax, max_new_tokens=max_new_tokens,
+        features=list(FEATURES), label="chain tokens 0..j+1 equal the target's greedy continuation",
+        train_prompts=sorted(train_tables), test_prompts=sorted(test_tables),
+        threshold_search={format(t, "g"): round(v, 4) for t, v in tried.items()},
+        train=metrics(weights, xs, ys), test=metrics(weights, tx, ty),
+        train_replay_speedup=tried[best],
+        test_replay_speedup=(replay_speedup(list(test_tables.values()), weights, kmax, max_new_tokens, costs)
+                             if test_tables else math.nan),
+    )
+    try:
+        import sklearn
+
+        info["sklearn"] = sklearn.__version__
+    except ImportError:  # pragma: no cover - fit() needed it
+        pass
+    weights.meta = info
+    return weights

@@ -1,0 +1,178 @@
+"""Per-pass costs: what one target pass and one assistant pass cost as a function of the tokens fed.
+
+Replay (``disco.replay``) is exact about *what* happens (iterations, drafts, acceptances, passes); the
+cost model turns those passes into time. Three cost profiles, chosen with ``--cost-profile`` on the
+benchmark and the Sweep tab's menu:
+
+``measured``
+    this machine, timed the way the engine calls the models (``disco.costs.measure``), cached per pair.
+``flat:C``
+    verifying any number of tokens costs one target step and an assistant step costs ``C`` target
+    steps, prefills included: the regime of a GPU with a tiny draft, where Leviathan et al.'s
+    closed form holds exactly (time = target passes + C x assistant passes, in target steps).
+a CSV path
+    per-pass costs measured elsewhere (``python -m disco profile --csv``): columns role, precision,
+    kind (step | prefill), tokens, ms.
+
+A profile only changes time estimates, never the replayed iterations (except for the one policy that reads
+it, ``costaware``), so any profile can be applied to cached replay tables without loading the models.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from disco.errors import UserError
+from disco.models.timing import interpolate
+
+MEASURED = "measured"
+PRESETS = (MEASURED, "flat:0.05", "flat:0.1", "flat:0.2", "flat:0.4")
+FLAT_C_MAX = 10.0
+NOMINAL_STEP_MS = 100.0  # a flat profile's target step when nothing was measured (speed-ups do not depend on it)
+CSV_COLUMNS = ["role", "precision", "kind", "tokens", "ms"]
+
+
+class CostProfileError(UserError, ValueError):
+    """A cost profile that cannot be parsed or read (one line for the user)."""
+
+
+@dataclass
+class CostModel:
+    """Measured cost (ms) of one forward pass of each model as a function of the tokens fed to it.
+
+    Small n are verification / drafting passes on top of a cache; large n are prefills. The engine
+    feeds the target ``1 + drafts`` tokens per iteration (``prompt + drafts`` on iteration 1) and
+    the assistant 1-2 tokens per draft step (the whole prompt on iteration 1).
+    """
+
+    target: list[tuple[int, float]]
+    assistant: list[tuple[int, float]]
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.target = sorted((int(n), float(ms)) for n, ms in self.target)
+        self.assistant = sorted((int(n), float(ms)) for n, ms in self.assistant)
+
+    def target_ms(self, n: int) -> float:
+        return interpolate(self.target, n)
+
+    def assistant_ms(self, n: int) -> float:
+        return interpolate(self.assistant, n)
+
+    @property
+    def cost_ratio(self) -> float:
+        """c = t_draft / t_target for one token (Leviathan et al.)."""
+        return self.assistant_ms(1) / self.target_ms(1)
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "assistant": self.assistant, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostModel":
+        return cls([tuple(x) for x in data["target"]], [tuple(x) for x in data["assistant"]], dict(data.get("meta", {})))
+
+
+# ---------------------------------------------------------------------------------------------
+# cost profiles
+
+
+def _flat_c(text: str) -> float:
+    body = text.split(":", 1)[1].strip()
+    try:
+        c = float(body)
+    except ValueError:
+        raise CostProfileError(f"cost profile {text!r}: C must be a number, as in flat:0.05") from None
+    if not (math.isfinite(c) and 0 <= c <= FLAT_C_MAX):
+        raise CostProfileError(f"cost profile {text!r}: C must be in [0, {FLAT_C_MAX:g}] target steps")
+    return c
+
+
+def check_profile(text: str | None) -> str:
+    """The profile's canonical name (``measured``, ``flat:C`` or a CSV path); raises CostProfileError."""
+    text = (str(text).strip() if text is not None else "") or MEASURED
+    if text == MEASURED:
+        return text
+    if text.startswith("flat:"):
+        return f"flat:{_flat_c(text):g}"
+    path = Path(text)
+    if path.suffix.lower() != ".csv":
+        raise CostProfileError(f"unknown cost profile {text!r}: expected measured, flat:C (e.g. flat:0.05) or a .csv "
+                               "file from `python -m disco profile --csv`")
+    if not path.is_file():
+        raise CostProfileError(f"cost profile {text!r}: no such file")
+    return str(path)
+
+
+def flat(c: float, step_ms: float = NOMINAL_STEP_MS) -> CostModel:
+    """Every target pass costs ``step_ms``, every assistant pass ``c * step_ms``, whatever it is fed."""
+    step = float(step_ms) if step_ms and math.isfinite(step_ms) and step_ms > 0 else NOMINAL_STEP_MS
+    return CostModel([(1, step), (2, step)], [(1, c * step), (2, c * step)],
+                     {"profile": f"flat:{c:g}", "step_ms": step, "cost_ratio": c})
+
+
+def from_rows(rows: Iterable[dict], precision: str | None = None, source: str = "rows") -> CostModel:
+    """A cost model from per-pass rows (``profile.Profile.cost_rows`` / its CSV) for one assistant precision.
+
+    ``precision`` None, or absent from the rows while they hold a single assistant precision, takes that one."""
+    target, assistant = {}, {}
+    for row in rows:
+        try:
+            role, p, n, ms = str(row["role"]), str(row["precision"]), int(row["tokens"]), float(row["ms"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CostProfileError(f"{source}: a row is not role,precision,kind,tokens,ms ({exc})") from None
+        if n < 1 or not (math.isfinite(ms) and ms > 0):
+            raise CostProfileError(f"{source}: tokens must be >= 1 and ms > 0 (got {n}, {ms})")
+        if role == "target":
+            target[n] = ms
+        elif role == "assistant":
+            assistant.setdefault(p, {})[n] = ms
+        else:
+            raise CostProfileError(f"{source}: role must be target or assistant, got {role!r}")
+    if not target or not assistant:
+        raise CostProfileError(f"{source}: needs target and assistant rows")
+    if precision not in assistant:
+        if len(assistant) != 1 and precision is not None:
+            raise CostProfileError(f"{source}: no assistant rows for precision {precision!r} "
+                                   f"(it has {', '.join(sorted(assistant))})")
+        if len(assistant) != 1:
+            raise CostProfileError(f"{source}: several assistant precisions ({', '.join(sorted(assistant))}); "
+                                   "choose one with --assistant-precision")
+        precision = next(iter(assistant))
+    return CostModel(sorted(target.items()), sorted(assistant[precision].items()),
+                     {"profile": source, "assistant_precision": precision})
+
+
+def read_csv(path: str | Path, precision: str | None = None) -> CostModel:
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise CostProfileError(f"cost profile {str(path)!r} could not be read: {exc}") from None
+    missing = [c for c in CSV_COLUMNS if c not in frame.columns]
+    if missing:
+        raise CostProfileError(f"cost profile {str(path)!r} lacks column(s) {', '.join(missing)}")
+    return from_rows(frame.to_dict("records"), precision, source=str(path))
+
+
+def write_csv(rows: Iterable[dict], path: str | Path) -> None:
+    import pandas as pd
+
+    pd.DataFrame(list(rows), columns=CSV_COLUMNS).to_csv(path, index=False)
+
+
+def resolve(profile: str | None, measured=None, precision: str | None = None, step_ms: float | None = None) -> CostModel:
+    """The cost model of a profile. ``measured``: a CostModel or a no-argument callable giving one (only called
+    for ``measured``); ``step_ms``: the target step a flat profile is expressed in (the measured one if known)."""
+    name = check_profile(profile)
+    if name == MEASURED:
+        model = measured() if callable(measured) else measured
+        if model is None:
+            raise CostProfileError("the measured cost profile needs the models (or an earlier run's costs)")
+        return model
+    if name.startswith("flat:"):
+        return flat(_flat_c(name), step_ms or NOMINAL_STEP_MS)
+    return read_csv(name, precision)

@@ -1,0 +1,228 @@
+"""The iteration core: the model-free part of one draft -> verify -> accept iteration, written once.
+
+Live decoding (``disco.decode.live.Decoder``) and exact greedy replay (``disco.replay.run.ReplayRun``) are two
+backends behind it; the core owns everything else:
+
+  1. budget: ``policy.budget()``, capped at ``max_new_tokens - len(output) - 1`` so the target's own
+     token always fits (transformers caps it the same way, which keeps pass counts comparable);
+  2. the draft-stop loop: one assistant pass per drafted token, stopping at the budget, at EOS, when
+     ``policy.drop(DraftStep)`` drops the token just drafted (the oracle; AdaEDL judges a distribution
+     before using its token), or when ``policy.stop_after(DraftStep)`` says so (that token is verified);
+  3. verification by the backend (one target pass over what the target has not seen plus the drafts);
+  4. accept and cut: accepted drafts + the target's token, cut at EOS and at ``max_new_tokens``;
+  5. cache bookkeeping as lengths: the target cache holds ``ids[:-1]`` after every iteration; the
+     assistant cache holds at most ``ids[:-2]`` (as transformers' assisted generation does) and never a
+     token that was not accepted; the backend crops its caches to those lengths (``rollback``);
+  6. ``policy.update`` and the ``IterationRecord``, timed by the backend's clock (wall time live, modelled
+     time in replay), so the same record fields mean the same thing in both.
+
+A backend implements ``clock``, ``draft``, ``verify``, ``rollback`` and, optionally, ``probe`` (the oracle's
+untimed look at the verification, live only), ``commit`` (per-token records) and ``settle`` (untimed work
+after an iteration). The test ``tests/unit/test_core.py`` checks the two give identical records.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from disco.policies import DraftStep, Policy
+from disco.decode.trace import (
+    STOP_CONFIDENCE, STOP_EOS, STOP_LENGTH, STOP_MAX_LOOKAHEAD, STOP_NONE, STOP_ORACLE, IterationRecord,
+)
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """One assistant pass: the token it drafted and the draft distribution's features."""
+
+    token: int
+    prob: float
+    entropy: float
+    margin: float
+    ms: float  # the pass's cost (measured live, modelled in replay)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One target pass: how many drafts it accepted and its own next token."""
+
+    accepted: int
+    token: int
+    ms: float
+
+
+class Backend(Protocol):
+    assistant_precision: str
+
+    def clock(self) -> float: ...                                        # ms; untimed work excluded
+    def draft(self, core: "IterationCore", index: int, fed: int) -> Drafted: ...
+    def verify(self, core: "IterationCore", fed: int, steps: list[DraftStep]) -> Verdict: ...
+    def rollback(self, t_len: int, a_len: int) -> None: ...
+
+
+class CoreView:
+    """What a backend that owns an ``IterationCore`` (``self.core``) shows of it: the run's state, read-only."""
+
+    core: "IterationCore"
+
+    @property
+    def ids(self) -> list[int]:
+        return self.core.ids
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.core.output_ids
+
+    @property
+    def records(self) -> list[IterationRecord]:
+        return self.core.records
+
+    @property
+    def done(self) -> bool:
+        return self.core.done
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.core.finish_reason
+
+    @property
+    def elapsed_ms(self) -> float:
+        return self.core.elapsed_ms
+
+    @property
+    def position(self) -> int:
+        return self.core.out_len
+
+    @property
+    def assistant_tokens(self) -> int:
+        return self.core.assistant_tokens
+
+
+class IterationCore:
+    """The state of one policy decoding one prompt (lengths and token ids) and its ``step``."""
+
+    def __init__(self, policy: Policy, prompt_ids: list[int], max_new_tokens: int, eos, backend: Backend):
+        self.policy = policy
+        self.backend = backend
+        self.prompt_len = len(prompt_ids)
+        self.ids = list(prompt_ids)       # prompt + output so far
+        self.max_new_tokens = int(max_new_tokens)
+        self.eos = set(eos)
+        self.t_len = 0                    # tokens in the target's cache
+        self.a_len = 0                    # tokens in the assistant's cache
+        self.assistant_tokens = 0         # tokens fed to the assistant so far (prefill included)
+        self.elapsed_ms = 0.0
+        self.records: list[IterationRecord] = []
+        self.done = False
+        self.finish_reason: str | None = None
+
+    @property
+    def out_len(self) -> int:
+        return len(self.ids) - self.prompt_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.ids[self.prompt_len:]
+
+    def step(self) -> IterationRecord:
+        # One function on purpose (~100 lines): the six phases above share the iteration's state, and reading
+        # them in order, in one place, is how the invariants (cache lengths, cuts, the record) are checked.
+        policy, backend = self.policy, self.backend
+        clock = backend.clock
+        t0 = clock()
+        out_len = self.out_len
+        remaining = self.max_new_tokens - out_len
+        k_policy = policy.budget()
+        budget = max(0, min(k_policy, remaining - 1)) if policy.uses_assistant else 0
+        threshold = policy.threshold
+        steps: list[DraftStep] = []
+        forward_ms = 0.0
+        draft_calls = 0
+        stop = STOP_NONE
+
+        # 1-2. draft until the budget, EOS, the oracle or the policy stops it
+        if policy.uses_assistant:
+            stop = STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD
+            for j in range(budget):
+                fed = len(self.ids) - self.a_len if j == 0 else 1  # catch up on committed tokens, then one draft
+                d = backend.draft(self, j, fed)
+                self.a_len += fed
+                self.assistant_tokens += fed
+                forward_ms += d.ms
+                draft_calls += 1
+                step = (DraftStep.first(out_len, d.token, d.prob, d.entropy, d.margin) if not steps
+                        else steps[-1].then(d.token, d.prob, d.entropy, d.margin))
+                if policy.drop(step):  # not verified: the oracle's knowledge, or a rule that judges a token first
+                    stop = STOP_ORACLE if policy.probes_verification else STOP_CONFIDENCE
+                    break
+                steps.append(step)
+                if d.token in self.eos:
+                    stop = STOP_EOS
+                    break
+                if policy.stop_after(step):
+                    stop = STOP_CONFIDENCE
+                    break
+        t1 = clock()
+        if policy.probes_verification and steps:
+            keep = backend.probe(self, [s.token for s in steps])  # untimed: the oracle knows what will be accepted
+            if keep < len(steps):
+                steps, stop = steps[:keep], STOP_ORACLE
+            t1 = clock()
+
+        # 3. verify: one target pass over [everything the target has not seen] + drafts
+        drafts = [s.token for s in steps]
+        target_fed = len(self.ids) - self.t_len + len(drafts)
+        verdict = backend.verify(self, target_fed, steps)
+        self.t_len += target_fed
+        forward_ms += verdict.ms
+        accepted = verdict.accepted
+
+        # 4. accept, then cut at EOS and at max_new_tokens (never emit past either)
+        new = drafts[:accepted] + [verdict.token]
+        for i, token in enumerate(new):
+            if token in self.eos:
+                new = new[: i + 1]
+                self.done, self.finish_reason = True, "eos"
+                break
+        if len(new) >= remaining:
+            new = new[:remaining]
+            if not self.done:
+                self.done, self.finish_reason = True, "length"
+        old_len = len(self.ids)
+        self.ids.extend(new)
+
+        # 5. roll both caches back to what was accepted
+        self.t_len = min(self.t_len, len(self.ids) - 1)
+        if policy.uses_assistant:
+            self.a_len = min(self.a_len, old_len + accepted, len(self.ids) - 2)
+        backend.rollback(self.t_len, self.a_len)
+        t2 = clock()
+
+        # 6. record
+        iteration = len(self.records) + 1
+        rejected = accepted < len(drafts) or stop == STOP_ORACLE
+        commit = getattr(backend, "commit", None)
+        if commit is not None:
+            commit(self, new, steps, accepted, rejected, iteration)
+        policy.update(steps, accepted)
+        settle = getattr(backend, "settle", None)
+        if settle is not None:
+            settle(self)
+        t3 = clock()
+        iteration_ms = t3 - t0
+        self.elapsed_ms += iteration_ms
+        confidences = [s.prob for s in steps]
+        record = IterationRecord(
+            strategy=policy.spec, iteration=iteration, lookahead=len(drafts), accepted=accepted, emitted=len(new),
+            stop_reason=stop, min_confidence=min(confidences) if confidences else math.nan,
+            threshold=threshold if threshold is not None else math.nan,
+            max_lookahead=k_policy if policy.uses_assistant else 0,
+            draft_ms=t1 - t0, verify_ms=t2 - t1, iteration_ms=iteration_ms, elapsed_ms=self.elapsed_ms,
+            new_tokens=self.out_len, target_tokens=target_fed, draft_calls=draft_calls, forward_ms=forward_ms,
+            confidences=confidences,
+            assistant_precision=backend.assistant_precision if policy.uses_assistant else "none",
+        )
+        self.records.append(record)
+        return record

