@@ -40,7 +40,7 @@ def add_generate(sub) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the target's chat template")
     p.add_argument("--strategy", action="append", dest="strategies", metavar="SPEC",
                    help="repeatable: " + ", ".join(cls.template() for cls in policy_kinds()) + ", or auto "
-                        "(this machine's recommended setting, from `python -m disco profile`); add @model or @int8 "
+                        "(this machine's recommended setting, from `python -m disco profile`); add @model, @int8 or @q4_0 "
                         f"to pick a lane's assistant (default: {' '.join(DEFAULT_STRATEGIES)}). Every kind: "
                         + "; ".join(f"{cls.kind}: {cls.summary}" for cls in policy_kinds()))
     p.add_argument("--max-new-tokens", type=options.integer, default=64)
@@ -133,7 +133,7 @@ def cmd_generate(args) -> int:
     options.check_writable(args.csv)
     options.check_writable(args.tokens_csv)
 
-    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log)
+    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
     final = run_all(pair, prompt, resolve_lanes(strategies, pair, args.models), settings, chat=args.chat)
     summaries = final.summaries()
     if args.csv:

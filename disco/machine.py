@@ -32,14 +32,20 @@ def cpu_info() -> dict:
     return {"cpu": model, "flags": sorted(f for f in FLAGS if f in flags)}
 
 
-def machine_key(models: str, device) -> dict:
-    """Everything that changes which numerics are fastest; a measurement is reused only for an equal key."""
+def machine_key(models: str, device, engine: str = "torch") -> dict:
+    """Everything that changes which numerics are fastest; a measurement is reused only for an equal key. For the
+    llama.cpp engine: its version, its threads and whether its exact (batch-invariant) kernels are on."""
     import torch
 
     info = cpu_info()
-    return {"format": KEY_FORMAT, "models": models, "device": str(device), "cpu": info["cpu"], "flags": info["flags"],
-            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "machine": platform.machine()}
+    key = {"format": KEY_FORMAT, "models": models, "device": str(device), "cpu": info["cpu"], "flags": info["flags"],
+           "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""), "torch": torch.__version__,
+           "threads": torch.get_num_threads(), "machine": platform.machine()}
+    if engine != "torch":  # torch keys stay as they were before there was a second engine
+        from disco.models import llama
+
+        key.update(engine=engine, llama_cpp=llama.version(), threads=llama.threads(), exact=llama.exact_mode())
+    return key
 
 
 def key_hash(key) -> str:

@@ -78,12 +78,16 @@ def add_models(p: argparse.ArgumentParser) -> None:
 
 
 def add_numerics(p: argparse.ArgumentParser, assistant_help: str | None = None) -> None:
-    """--dtype, --device and --assistant-precision, shared by generate, profile, train and bench."""
+    """--engine, --dtype, --device and --assistant-precision, shared by generate, profile, train and bench."""
+    p.add_argument("--engine", choices=["auto", "torch", "llamacpp"], default=os.environ.get("DISCO_ENGINE") or "auto",
+                   help="what runs the models: llamacpp (llama.cpp on GGUF files, CPU), torch (transformers), or auto "
+                        "(llama.cpp on a CPU for a pair with GGUF files when it is installed, else torch; "
+                        "DISCO_ENGINE sets the default)")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="auto: chosen by timing the passes that matter on this machine (cached)")
+                   help="torch engine: auto = chosen by timing the passes that matter on this machine (cached)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--assistant-precision", choices=["auto", "model", "int8"],
+    p.add_argument("--assistant-precision", choices=["auto", "model", "int8", "q4_0"],
                    default=os.environ.get("DISCO_ASSISTANT_PRECISION", "auto"),
-                   help=assistant_help or "the assistant's weights: model (the pair's dtype), int8 (dynamic int8 Linear "
-                        "layers, CPU), or auto (int8 where the calibration shows it faster); a lane's @model / @int8 "
-                        "overrides it")
+                   help=assistant_help or "the assistant's weights: model (as the pair ships it), int8 (torch: dynamic "
+                        "int8 Linear layers, CPU), q4_0 (llama.cpp: re-quantized by llama.cpp's quantizer), or auto (the "
+                        "cheaper one where the calibration shows it faster); a lane's @model / @int8 / @q4_0 overrides it")

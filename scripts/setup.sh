@@ -22,3 +22,5 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$reqs"
   echo "$want" > "$stamp"
 fi
+# the llama.cpp engine: built once (minutes), then reused; never fatal (the torch engine works without it)
+scripts/llama-build.sh

@@ -99,7 +99,7 @@ def config_from_args(args, argv: list[str]) -> BenchConfig:
         prompts = ",".join(p.id for p in pick_prompts(suite, 3))
     return BenchConfig(
         models=models, suite=args.suite, max_new_tokens=args.max_new_tokens or (32 if quick else 64), out=out,
-        mode=args.mode or ("both" if quick else "replay"), dtype=args.dtype, device=args.device,
+        mode=args.mode or ("both" if quick else "replay"), dtype=args.dtype, device=args.device, engine=args.engine,
         assistant_precision=args.assistant_precision, policies=tuple(policies), timed_policies=tuple(timed),
         timed_prompts=args.timed_prompts or (None if quick else 6), prompts=prompts, split=args.split, reps=args.reps,
         calibration_reps=args.calibration_reps,
@@ -223,7 +223,7 @@ def cmd_profile(args) -> int:
     if not 1 <= args.reps <= 20:
         raise options.UsageError(f"--reps must be between 1 and 20, got {args.reps}")
     options.check_writable(args.csv)
-    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log)
+    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
     prof = machine_profile.get(pair, args.models, refresh=args.refresh, prompts=prompts,
                                max_new_tokens=args.max_new_tokens, reps=args.reps, log=_log)
     if args.csv:
@@ -278,7 +278,7 @@ def cmd_train(args) -> int:
     out = args.out.expanduser()
     if out.is_dir() or not out.resolve().parent.is_dir():
         raise InputError(f"cannot write {out}: give a file in an existing folder")
-    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=log)
+    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=log, engine=args.engine)
     encoded = {p.id: encode_prompt(pair, p.prompt, p.chat, args.max_new_tokens) for p in prompts}
     tables = {}
     cache_dir = args.cache_dir or cache.tables_dir()

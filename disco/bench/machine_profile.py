@@ -61,7 +61,7 @@ def measure(pair, models: str, prompts=DEFAULT_PROMPTS, max_new_tokens: int = DE
     say = log or (lambda _msg: None)
     guard = lock if lock is not None else contextlib.nullcontext()
     if precisions is None:
-        precisions = [prec.MODEL] + ([prec.INT8] if pair.device.type == "cpu" else [])
+        precisions = list(prec.BY_ENGINE[pair.engine]) if pair.device.type == "cpu" else [prec.MODEL]
 
     def chunk():
         if should_stop is not None and should_stop():
@@ -91,7 +91,7 @@ def measure(pair, models: str, prompts=DEFAULT_PROMPTS, max_new_tokens: int = DE
             assistant_ms[p] = pass_costs(lambda: view.session("assistant"), ctx, ASSISTANT_SIZES, reps + 2)
             assistant_prefill[p] = prefill_costs(lambda: view.session("assistant"), longest, prefill_sizes, reps)
         say(f"assistant ({p}): {assistant_ms[p][1]:.0f} ms a step, c = {assistant_ms[p][1] / target_ms[1]:.2f}")
-    profile = Profile(machine_key(models, pair.device), pair.dtype_name,
+    profile = Profile(machine_key(models, pair.device, pair.engine), pair.dtype_name,
                       pair.calibration.to_dict() if getattr(pair, "calibration", None) is not None else None,
                       target_ms, target_prefill, assistant_ms, assistant_prefill, prompts=list(prompts),
                       max_new_tokens=max_new_tokens)

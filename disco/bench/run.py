@@ -56,6 +56,7 @@ class BenchConfig:
     dtype: str = "auto"
     device: str = "auto"
     assistant_precision: str = "auto"
+    engine: str = "auto"
     policies: tuple[Policy, ...] = ()          # the replay grid (default: ``disco.policies.grids.default_grid``)
     timed_policies: tuple[Policy, ...] = ()    # what to time (default: the best of the replay, see below)
     timed_prompts: int | None = 6
@@ -109,7 +110,7 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
         result = recost_cached(cfg, prompts, specs, profile_name)
         if result is not None:
             return result
-    pair = resolve_assistant(pair or load_pair(cfg.models, dtype=cfg.dtype, device=cfg.device),
+    pair = resolve_assistant(pair or load_pair(cfg.models, dtype=cfg.dtype, device=cfg.device, engine=cfg.engine),
                              cfg.assistant_precision, log=_log)
     meta = environment(pair)
     meta.update(command=cfg.command, suite=str(cfg.suite or DEFAULT_SUITE.name), max_new_tokens=cfg.max_new_tokens,
@@ -197,14 +198,17 @@ def _cached_table(cache_dir: Path, prompt: SuitePrompt, cfg: BenchConfig):
         m = table.meta
         if m.get("models") != cfg.models or not table.covers(cfg.max_new_tokens):
             continue
+        if cfg.engine != "auto" and m.get("engine", "torch") != cfg.engine:
+            continue
         if cfg.dtype != "auto" and m.get("dtype") != cfg.dtype:
             continue
         if cfg.assistant_precision != "auto" and m.get("assistant_precision", "model") != cfg.assistant_precision:
             continue
         found.append(table)
-    kinds = {(t.meta.get("dtype"), t.meta.get("assistant_precision", "model")) for t in found}
+    kinds = {(t.meta.get("engine", "torch"), t.meta.get("dtype"), t.meta.get("assistant_precision", "model"))
+             for t in found}
     if len(kinds) > 1:
-        _log(f"{prompt.id}: cached tables for {sorted(kinds)}; give --dtype and --assistant-precision to pick one")
+        _log(f"{prompt.id}: cached tables for {sorted(kinds)}; give --engine, --dtype and --assistant-precision to pick one")
         return None
     return found[0] if found else None
 
@@ -221,7 +225,7 @@ def recost_cached(cfg: BenchConfig, prompts: list[SuitePrompt], specs: list[Poli
         _log(f"no cached replay table for {', '.join(missing)} in {cache_dir}; loading the models")
         return None
     first = next(iter(tables.values())).meta
-    meta = environment(None, {k: first.get(k) for k in ("models", "target", "assistant", "dtype", "device")})
+    meta = environment(None, {k: first.get(k) for k in ("models", "target", "assistant", "dtype", "device", "engine")})
     meta["assistant_precision"] = first.get("assistant_precision", "model")
     meta.update(command=cfg.command, suite=str(cfg.suite or DEFAULT_SUITE.name), max_new_tokens=cfg.max_new_tokens,
                 mode="replay", grid_size=len(specs), cost_profile=profile_name, models_loaded=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from disco.bench.suite import SuitePrompt
 from disco.costs.model import flat
-from disco.machine import cpu_info, flags_line
+from disco.machine import cpu_info, flags_line, machine_key
 from disco.models.pair import encode_prompt
 from disco.errors import UserError
 from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
@@ -35,10 +35,12 @@ def environment(pair, info: dict | None = None) -> dict:
     import transformers
 
     info = dict(pair.describe() if pair is not None else info or {})
+    engine = info.get("engine", "torch")
     info.update(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
-                sklearn_available=sklearn_available(), threads=torch.get_num_threads(),
+                sklearn_available=sklearn_available(), threads=info.get("threads") or torch.get_num_threads(),
                 cpu=cpu_info()["cpu"], cpu_flags=" ".join(cpu_info()["flags"]),
-                onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA", ""), machine=flags_line())
+                onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+                machine=flags_line(machine_key("-", "cpu", engine)))
     from disco.policies.classifier import weights_summary
 
     info["disco_classifier"] = weights_summary()
@@ -103,7 +105,8 @@ def run_row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, 
         "decode_seconds": s.get("decode_seconds", math.nan),
     }
     row.update(extra)
-    for key in ("models", "dtype", "device", "assistant_precision", "torch", "transformers", "sklearn_available", "max_new_tokens"):
+    for key in ("models", "engine", "dtype", "device", "assistant_precision", "torch", "transformers", "llama_cpp",
+                "sklearn_available", "max_new_tokens"):
         row[key] = meta.get(key)
     return row
 

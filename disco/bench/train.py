@@ -38,10 +38,11 @@ def samples(table, max_new_tokens: int, kmax: int) -> tuple[list[list[float]], l
         budget = min(kmax, max_new_tokens - p - 1)  # the core's length cap
         for j in range(budget):
             try:
-                token, prob, entropy, margin = table.features(p, j)
+                token, prob, entropy, margin, top10 = table.features(p, j)
             except ReplayError:  # the chain ended (EOS) before token j
                 break
-            step = DraftStep.first(p, token, prob, entropy, margin) if step is None else step.then(token, prob, entropy, margin)
+            step = (DraftStep.first(p, token, prob, entropy, margin, top10) if step is None
+                    else step.then(token, prob, entropy, margin, top10))
             if j + 1 >= budget or p + j + 1 >= len(ref) or token in table.eos:
                 break  # no further draft would be made, so "continue" has no label
             ok = ok and token == ref[p + j]

@@ -182,7 +182,7 @@ def path_for(key: dict, dtype: str, prompts, max_new_tokens: int, root=None) -> 
 
 def load_cached(models: str, pair, prompts=DEFAULT_PROMPTS, max_new_tokens: int = DEFAULT_TOKENS,
                 root=None) -> Profile | None:
-    key = machine_key(models, pair.device)
+    key = machine_key(models, pair.device, getattr(pair, "engine", "torch"))
     path = path_for(key, pair.dtype_name, prompts, max_new_tokens, root)
     try:
         profile = Profile.from_dict(json.loads(path.read_text()))
@@ -197,7 +197,7 @@ def latest(models: str, pair, root=None) -> Profile | None:
     found = load_cached(models, pair, root=root)
     if found is not None:
         return found
-    key = machine_key(models, pair.device)
+    key = machine_key(models, pair.device, getattr(pair, "engine", "torch"))
     best = None
     for path in _dir(root).glob("profile-*.json"):
         try:

@@ -7,7 +7,8 @@ backends behind it; the core owns everything else:
      token always fits (transformers caps it the same way, which keeps pass counts comparable);
   2. the draft-stop loop: one assistant pass per drafted token, stopping at the budget, at EOS, when
      ``policy.drop(DraftStep)`` drops the token just drafted (the oracle; AdaEDL judges a distribution
-     before using its token), or when ``policy.stop_after(DraftStep)`` says so (that token is verified);
+     before using its token; llama.cpp's p-min), or when ``policy.stop_after(DraftStep)`` says so (that token
+     is verified); then ``policy.keep(steps)`` may send fewer (llama.cpp discards drafts shorter than n-min);
   3. verification by the backend (one target pass over what the target has not seen plus the drafts);
   4. accept and cut: accepted drafts + the target's token, cut at EOS and at ``max_new_tokens``;
   5. cache bookkeeping as lengths: the target cache holds ``ids[:-1]`` after every iteration; the
@@ -29,7 +30,7 @@ from typing import Protocol
 
 from disco.policies import DraftStep, Policy
 from disco.decode.trace import (
-    STOP_CONFIDENCE, STOP_EOS, STOP_LENGTH, STOP_MAX_LOOKAHEAD, STOP_NONE, STOP_ORACLE, IterationRecord,
+    STOP_CONFIDENCE, STOP_EOS, STOP_LENGTH, STOP_MAX_LOOKAHEAD, STOP_NONE, STOP_ORACLE, STOP_SHORT, IterationRecord,
 )
 
 
@@ -42,6 +43,7 @@ class Drafted:
     entropy: float
     margin: float
     ms: float  # the pass's cost (measured live, modelled in replay)
+    top10: float = math.nan  # mass of the draft distribution's 10 likeliest tokens
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,8 @@ class IterationCore:
                 self.assistant_tokens += fed
                 forward_ms += d.ms
                 draft_calls += 1
-                step = (DraftStep.first(out_len, d.token, d.prob, d.entropy, d.margin) if not steps
-                        else steps[-1].then(d.token, d.prob, d.entropy, d.margin))
+                step = (DraftStep.first(out_len, d.token, d.prob, d.entropy, d.margin, d.top10) if not steps
+                        else steps[-1].then(d.token, d.prob, d.entropy, d.margin, d.top10))
                 if policy.drop(step):  # not verified: the oracle's knowledge, or a rule that judges a token first
                     stop = STOP_ORACLE if policy.probes_verification else STOP_CONFIDENCE
                     break
@@ -164,6 +166,9 @@ class IterationCore:
                 if policy.stop_after(step):
                     stop = STOP_CONFIDENCE
                     break
+        kept = policy.keep(steps) if steps else 0
+        if kept < len(steps):  # e.g. llama.cpp's n-min: a draft too short to be worth sending is not sent
+            steps, stop = steps[:kept], STOP_SHORT
         t1 = clock()
         if policy.probes_verification and steps:
             keep = backend.probe(self, [s.token for s in steps])  # untimed: the oracle knows what will be accepted

@@ -104,8 +104,8 @@ class Decoder(CoreView):
         if self.settings.sample:
             self._q_rows.append(q)
         self._last_draft = token
-        prob, entropy, margin = draft_features(q, token)
-        return Drafted(token, prob, entropy, margin, ms)
+        prob, entropy, margin, top10 = draft_features(q, token)
+        return Drafted(token, prob, entropy, margin, ms, top10)
 
     def probe(self, core: IterationCore, drafts: list[int]) -> int:
         """How many of ``drafts`` the target's verification pass over exactly that prefix accepts in full (untimed).

@@ -57,9 +57,14 @@ def greedy_accept(target_logits: torch.Tensor, drafts: list[int]) -> tuple[int, 
     return n, choice[n]
 
 
-def draft_features(q: torch.Tensor, token: int) -> tuple[float, float, float]:
-    """What a policy sees of one draft distribution: the drafted token's probability, the entropy (nats) and the
-    top-1 minus top-2 margin. Replay tables store the same three numbers (``disco.replay.tables.ChainBuilder``)."""
-    top = torch.topk(q, k=min(2, q.shape[-1])).values.tolist()
-    margin = top[0] - top[1] if len(top) > 1 else top[0]
-    return float(q[token]), float(torch.special.entr(q).sum()), float(margin)
+TOP_K_MASS = 10  # llama.cpp's draft sampler keeps the 10 likeliest tokens (its p-min reads the renormalized prob)
+
+
+def draft_features(q: torch.Tensor, token: int) -> tuple[float, float, float, float]:
+    """What a policy sees of one draft distribution: the drafted token's probability, the entropy (nats), the top-1
+    minus top-2 margin and the mass of the ``TOP_K_MASS`` likeliest tokens. Replay tables store the same four
+    numbers (``disco.replay.tables.ChainBuilder``)."""
+    top = torch.topk(q, k=min(TOP_K_MASS, q.shape[-1])).values
+    values = top[:2].tolist()
+    margin = values[0] - values[1] if len(values) > 1 else values[0]
+    return float(q[token]), float(torch.special.entr(q).sum()), float(margin), float(top.sum())

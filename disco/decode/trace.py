@@ -18,7 +18,8 @@ STOP_LENGTH = "length"              # the draft was capped by max_new_tokens (ro
 STOP_EOS = "eos"                    # the assistant drafted the end-of-sequence token
 STOP_ORACLE = "oracle"              # the oracle dropped a draft token the target would reject
 STOP_NONE = "none"                  # autoregressive: nothing drafted by design
-STOP_REASONS = (STOP_CONFIDENCE, STOP_MAX_LOOKAHEAD, STOP_LENGTH, STOP_EOS, STOP_ORACLE, STOP_NONE)
+STOP_SHORT = "short"                # the policy discarded a draft as too short to send (llama.cpp's n-min)
+STOP_REASONS = (STOP_CONFIDENCE, STOP_MAX_LOOKAHEAD, STOP_LENGTH, STOP_EOS, STOP_ORACLE, STOP_NONE, STOP_SHORT)
 
 # token sources
 SOURCE_DRAFT = "accepted_draft"

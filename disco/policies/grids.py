@@ -29,7 +29,7 @@ def kind_grid(kind: str, kmaxes: Iterable[int] | None = None) -> list[Policy]:
     cls = policy_class(kind)
     combos = [{}]
     for p in cls.params:
-        values = tuple(kmaxes) if (kmaxes is not None and p.token == "KMAX") else (p.grid or (p.default,))
+        values = tuple(kmaxes) if (kmaxes is not None and p.slider == "kmax") else (p.grid or (p.default,))
         combos = [{**c, p.name: v} for v in values for c in combos]  # the first parameter varies fastest
     return [cls(**c) for c in combos]
 

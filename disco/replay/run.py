@@ -69,8 +69,9 @@ class ReplayRun(CoreView):
         return ms
 
     def draft(self, core: IterationCore, index: int, fed: int) -> Drafted:
-        token, prob, entropy, margin = self.table.features(core.out_len, index)
-        return Drafted(token, prob, entropy, margin, self._charge(self.costs.assistant_ms if self.costs else None, fed))
+        token, prob, entropy, margin, top10 = self.table.features(core.out_len, index)
+        return Drafted(token, prob, entropy, margin, self._charge(self.costs.assistant_ms if self.costs else None, fed),
+                       top10)
 
     def verify(self, core: IterationCore, fed: int, steps) -> Verdict:
         ms = self._charge(self.costs.target_ms if self.costs else None, fed)

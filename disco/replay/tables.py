@@ -42,7 +42,7 @@ from disco.decode.settings import DecodeSettings
 from disco.errors import InputError, UserError
 from disco.models.pair import pair_key
 
-TABLE_FORMAT = 2  # 2: each chain token has its entropy and top-2 margin (format 1 had probabilities only)
+TABLE_FORMAT = 3  # 3: each chain token has its entropy, top-2 margin and top-10 mass (2 lacked the mass, 1 had probs only)
 
 
 class ReplayError(UserError, RuntimeError):
@@ -51,17 +51,18 @@ class ReplayError(UserError, RuntimeError):
 
 @dataclass
 class Chain:
-    """The assistant's greedy chain from one position: tokens, their probabilities, the entropies and top-2
-    margins of their draft distributions, and whether it hit EOS."""
+    """The assistant's greedy chain from one position: tokens, their probabilities, the entropies, top-2 margins and
+    top-10 masses of their draft distributions, and whether it hit EOS."""
 
     tokens: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
     ended: bool = False
     entropies: list[float] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)
+    top10s: list[float] = field(default_factory=list)
 
     def tail(self, d: int) -> "Chain":
-        return Chain(self.tokens[d:], self.probs[d:], self.ended, self.entropies[d:], self.margins[d:])
+        return Chain(self.tokens[d:], self.probs[d:], self.ended, self.entropies[d:], self.margins[d:], self.top10s[d:])
 
 
 class ChainBuilder:
@@ -72,13 +73,13 @@ class ChainBuilder:
         self.pair = pair
         self.session = pair.session("assistant")
         self.seq: list[int] = []
-        self.next: tuple[int, float, float, float] | None = None
+        self.next: tuple[int, float, float, float, float] | None = None
         self.passes = 0
         self.tokens_fed = 0
         self.ms = 0.0
 
-    def next_after(self, seq: list[int]) -> tuple[int, float, float, float]:
-        """The assistant's greedy token after ``seq``: (token, probability, entropy, margin), as the engine
+    def next_after(self, seq: list[int]) -> tuple[int, float, float, float, float]:
+        """The assistant's greedy token after ``seq``: (token, probability, entropy, margin, top-10 mass), as the engine
         computes them (``disco.decode.sampling.draft_features``)."""
         n = len(seq)
         if n == len(self.seq) and self.next is not None and seq == self.seq:
@@ -133,14 +134,16 @@ class ReplayTable:
             "format": TABLE_FORMAT, "meta": self.meta, "prompt_ids": self.prompt_ids, "reference": self.reference,
             "max_new_tokens": self.max_new_tokens, "eos_ids": sorted(self.eos),
             "chains": {str(p): [c.tokens, [round(x, 7) for x in c.probs], c.ended, [round(x, 6) for x in c.entropies],
-                                [round(x, 7) for x in c.margins]] for p, c in sorted(self.chains.items())},
+                                [round(x, 7) for x in c.margins], [round(x, 7) for x in c.top10s]]
+                       for p, c in sorted(self.chains.items())},
         }
 
     @classmethod
     def from_dict(cls, data: dict, path: Path | None = None) -> "ReplayTable":
         if data.get("format") != TABLE_FORMAT:
             raise ReplayError(f"unsupported replay table format {data.get('format')!r}")
-        chains = {int(p): Chain(list(t), list(pr), bool(e), list(h), list(m)) for p, (t, pr, e, h, m) in data["chains"].items()}
+        chains = {int(p): Chain(list(t), list(pr), bool(e), list(h), list(m), list(k))
+                  for p, (t, pr, e, h, m, k) in data["chains"].items()}
         return cls(data["prompt_ids"], data["reference"], data["max_new_tokens"], data["eos_ids"], chains,
                    data.get("meta"), path)
 
@@ -194,10 +197,10 @@ class ReplayTable:
         chain = self.extend(p, j)
         return chain.tokens[j], chain.probs[j]
 
-    def features(self, p: int, j: int) -> tuple[int, float, float, float]:
-        """Token j of the chain from position p: (token, probability, entropy, margin)."""
+    def features(self, p: int, j: int) -> tuple[int, float, float, float, float]:
+        """Token j of the chain from position p: (token, probability, entropy, margin, top-10 mass)."""
         chain = self.extend(p, j)
-        return chain.tokens[j], chain.probs[j], chain.entropies[j], chain.margins[j]
+        return chain.tokens[j], chain.probs[j], chain.entropies[j], chain.margins[j], chain.top10s[j]
 
     def extend(self, p: int, j: int) -> Chain:
         """The chain from position p, computed (models attached) until it has token j."""
@@ -209,11 +212,12 @@ class ReplayTable:
                 raise ReplayError(f"the replay table has no chain token {j} at position {p}; attach the models to extend it")
             if p > len(self.reference):
                 raise ReplayError(f"position {p} is past the reference ({len(self.reference)} tokens)")
-            token, prob, entropy, margin = self.builder.next_after(self.prompt_ids + self.reference[:p] + chain.tokens)
+            token, prob, entropy, margin, top10 = self.builder.next_after(self.prompt_ids + self.reference[:p] + chain.tokens)
             chain.tokens.append(token)
             chain.probs.append(prob)
             chain.entropies.append(entropy)
             chain.margins.append(margin)
+            chain.top10s.append(top10)
             chain.ended = token in self.eos
             self.dirty = True
             if self.on_extend is not None:

@@ -166,7 +166,7 @@ def test_join_refuses_corrupt_bytes(fake_roles, tmp_path, damage):
 # --------------------------------------------------------------------------- prepare / convert
 
 
-def test_prepare_converts_each_role_and_deletes_the_gguf(fake_roles, tmp_path, monkeypatch):
+def test_prepare_converts_each_role_and_keeps_the_verified_gguf(fake_roles, tmp_path, monkeypatch):
     table, data = fake_roles
     export = FakeExport()
     monkeypatch.setattr(embedded, "_export_bf16", export)
@@ -181,8 +181,9 @@ def test_prepare_converts_each_role_and_deletes_the_gguf(fake_roles, tmp_path, m
         marker = json.loads((folder / embedded.MARKER_NAME).read_text())
         assert marker["role"] == role and marker["source_sha256"] == table[role].sha256
         assert marker["dtype"] == "bfloat16"
-    assert not (cache / "gguf").exists()
-    assert sorted(p.name for p in cache.iterdir()) == [".lock", "models"]
+        assert embedded.gguf_ready(role, cache)  # the joined file stays: the llama.cpp engine runs it
+        assert embedded.gguf_file(role, cache).read_bytes() == data[role]
+    assert sorted(p.name for p in cache.iterdir()) == [".lock", "gguf", "models"]
     assert sorted(p.name for p in (cache / "models").iterdir()) == ["assistant", "target"]
 
 
@@ -212,7 +213,8 @@ def test_interrupted_conversion_leaves_nothing_ready(fake_roles, tmp_path, monke
     assert not (cache / "models" / "target").exists()
     assert not embedded.is_ready(cache / "models" / "target", "target")
     assert list(cache.glob(".tmp-*")) == []  # cleaned up on the way out
-    assert not (cache / "gguf").exists()  # the intermediate GGUF is not left behind either
+    assert list((cache / "gguf").glob("*.partial")) == []  # no half-written file either
+    assert embedded.gguf_ready("target", cache)  # the verified join is kept and reused, not redone
 
     monkeypatch.setattr(embedded, "_export_bf16", FakeExport())
     folders = embedded.prepare(cache, progress=False, log=quiet)
@@ -235,9 +237,26 @@ def test_hard_kill_leftovers_are_never_ready_and_get_swept(fake_roles, tmp_path,
 
     logs: list[str] = []
     embedded.prepare(cache, progress=False, log=logs.append)
-    assert not stale.exists() and not (cache / "gguf").exists()
+    assert not stale.exists() and not (cache / "gguf" / "target.gguf.partial").exists()
     assert any(".tmp-target-dead" in line for line in logs)
     assert embedded.is_ready(cache / "models" / "target", "target")
+
+
+def test_prepare_gguf_joins_once_and_rejoins_a_damaged_file(fake_roles, tmp_path, monkeypatch):
+    table, data = fake_roles
+    cache = tmp_path / "cache"
+    files = embedded.prepare_gguf(cache, progress=False, log=quiet)
+    assert {r: f.read_bytes() for r, f in files.items()} == data
+    assert all(embedded.gguf_ready(r, cache) for r in table)
+    join = embedded.join_parts
+    monkeypatch.setattr(embedded, "join_parts", lambda *a, **k: pytest.fail("joined again"))
+    assert embedded.prepare_gguf(cache, progress=False, log=quiet) == files  # a stat and a marker read
+    monkeypatch.setattr(embedded, "join_parts", join)
+    with open(files["target"], "ab") as f:
+        f.write(b"x")  # grown since it was verified
+    assert not embedded.gguf_ready("target", cache)
+    embedded.prepare_gguf(cache, progress=False, log=quiet)
+    assert files["target"].read_bytes() == data["target"] and embedded.gguf_ready("target", cache)
 
 
 def test_broken_or_outdated_folder_is_not_ready_and_is_replaced(fake_roles, tmp_path, monkeypatch):

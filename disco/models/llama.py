@@ -1,0 +1,292 @@
+"""llama.cpp (llama-cpp-python's low-level API) behind the one session protocol every caller runs a model through.
+
+A ``LlamaModel`` is one GGUF file loaded once; a ``LlamaSession`` is one sequence's KV cache on it (a llama.cpp
+context), with the same three calls as ``disco.models.pair.TorchSession``: ``forward(tokens, keep, interrupt)``
+returns the last ``keep`` rows of logits (float32, as a torch tensor sharing nothing with llama.cpp's buffer) and
+the pass's ms, ``crop(n)`` removes every cached position from ``n`` on (``llama_memory_seq_rm``), ``length`` is
+how many tokens it holds. Contexts are pooled per model, so a race of three lanes does not create six contexts
+each time (~50-110 ms apiece, measured on the embedded pair).
+
+Exact mode (the default, ``DISCO_LLAMA_EXACT=1``): a verified row must be the row a one-token pass computes, or
+greedy speculative lanes leave the target's own text. In llama.cpp three kernels depend on the batch size (read
+in the vendored source and measured, issue 16): weights repacked at load (``use_extra_bufts``; gemm for >= 4 rows,
+gemv below), the tiled K-quant matmul (>= 8 rows; ``GGML_CPU_TILED_MM``), llamafile's sgemm (any batch; compiled
+out of the wheel this project builds, ``-DGGML_LLAMAFILE=OFF``) and flash attention (a different reduction once
+the KV view reaches 512 cells). With all four off, every row of every batch size from 1 to 16, on a 40- and a
+340-token cache, was bit-identical to the one-token row on both models of the embedded pair, and so was every
+later step computed from a cache written by batches. ``DISCO_LLAMA_EXACT=0`` keeps llama.cpp's defaults (faster
+on some CPUs; rows may then differ by up to ~0.6 in a logit, and divergences are labelled against that).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+import weakref
+
+import numpy as np
+import torch
+
+from disco.errors import Interrupted, UserError
+
+EXACT_ENV = "DISCO_LLAMA_EXACT"
+THREADS_ENV = "DISCO_LLAMA_THREADS"
+N_CTX_ENV = "DISCO_LLAMA_CTX"
+DEFAULT_N_CTX = 4096
+N_BATCH = 512
+# the largest batch-versus-one-token difference of a logit measured outside exact mode (embedded pair, k <= 16)
+FAST_MODE_DEVIATION = 0.65
+
+
+class LlamaUnavailable(UserError, RuntimeError):
+    """llama-cpp-python is not installed here (or cannot load): the torch engine still works."""
+
+
+_LIB = None
+_LOCK = threading.Lock()
+
+
+def exact_mode() -> bool:
+    return os.environ.get(EXACT_ENV, "1").strip().lower() not in ("0", "off", "no", "false")
+
+
+def library():
+    """llama_cpp's low-level module, initialised once (quiet logging, the exact-mode kernel switch); raises
+    LlamaUnavailable with one line when it cannot be imported."""
+    global _LIB
+    with _LOCK:
+        if _LIB is not None:
+            return _LIB
+        if exact_mode():
+            # read once by ggml, on its first matmul: must be set before anything runs
+            os.environ["GGML_CPU_TILED_MM"] = "0"
+        try:
+            import llama_cpp as lib
+        except Exception as exc:  # ImportError, or an OSError from a shared library built for another CPU
+            raise LlamaUnavailable(f"the llama.cpp engine is not available here ({type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); scripts/setup.sh "
+                                   "builds llama-cpp-python, or use --engine torch") from None
+        lib.llama_log_set(_QUIET, ctypes.c_void_p(0))  # llama.cpp and ggml both print to stderr otherwise
+        lib.llama_backend_init()
+        _LIB = lib
+        return lib
+
+
+def available() -> str | None:
+    """None when the engine can run here, else why not (one line)."""
+    try:
+        library()
+    except LlamaUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def version() -> str | None:
+    try:
+        return library().__version__
+    except LlamaUnavailable:
+        return None
+
+
+def _quiet(level, text, user_data):
+    return None
+
+
+def _make_quiet():
+    import ctypes as c
+
+    return c.CFUNCTYPE(None, c.c_int, c.c_char_p, c.c_void_p)(_quiet)
+
+
+_QUIET = _make_quiet()  # kept alive for the process: llama.cpp holds the pointer
+
+
+def threads() -> int:
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw:
+        try:
+            return max(1, int(raw))
+        except ValueError:
+            pass
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def n_ctx() -> int:
+    raw = os.environ.get(N_CTX_ENV, "").strip()
+    try:
+        return max(256, int(raw)) if raw else DEFAULT_N_CTX
+    except ValueError:
+        return DEFAULT_N_CTX
+
+
+class LlamaModel:
+    """One GGUF file loaded with llama.cpp (weights memory-mapped), and a pool of contexts on it."""
+
+    def __init__(self, path, exact: bool | None = None):
+        lib = library()
+        self.lib = lib
+        self.path = str(path)
+        self.exact = exact_mode() if exact is None else exact
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = 0
+        params.use_extra_bufts = not self.exact  # repacked weights compute gemm and gemv rows differently
+        model = lib.llama_model_load_from_file(self.path.encode(), params)
+        if not model:
+            raise UserError(f"llama.cpp could not load {self.path} (not a GGUF model it supports?)")
+        self.model = model
+        self.vocab = lib.llama_model_get_vocab(model)
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx = min(n_ctx(), int(lib.llama_model_n_ctx_train(model)) or n_ctx())
+        self.n_threads = threads()
+        self._free: list = []
+        self._lock = threading.Lock()
+        weakref.finalize(self, _free_model, lib, model, self._free)
+
+    def context(self):
+        """A context from the pool (its memory cleared), or a new one."""
+        with self._lock:
+            ctx = self._free.pop() if self._free else None
+        if ctx is not None:
+            self.lib.llama_memory_clear(self.lib.llama_get_memory(ctx), True)
+            return ctx
+        lib = self.lib
+        params = lib.llama_context_default_params()
+        params.n_ctx = self.n_ctx
+        params.n_batch = N_BATCH
+        params.n_ubatch = N_BATCH
+        params.n_seq_max = 1
+        params.n_threads = self.n_threads
+        params.n_threads_batch = self.n_threads
+        params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_DISABLED if self.exact
+                                  else lib.LLAMA_FLASH_ATTN_TYPE_AUTO)
+        params.no_perf = True
+        ctx = lib.llama_init_from_model(self.model, params)
+        if not ctx:
+            raise UserError(f"llama.cpp could not create a context of {self.n_ctx} tokens for {self.path} "
+                            f"(out of memory? set {N_CTX_ENV} lower)")
+        return ctx
+
+    def release(self, ctx) -> None:
+        with self._lock:
+            self._free.append(ctx)
+
+    def session(self) -> "LlamaSession":
+        return LlamaSession(self)
+
+
+def _free_model(lib, model, contexts) -> None:
+    for ctx in contexts:
+        lib.llama_free(ctx)
+    contexts.clear()
+    lib.llama_model_free(model)
+
+
+class _Abort:
+    """The abort callback of one pass: polled by llama.cpp after every graph node (from its first thread), it
+    asks the caller's ``interrupt``; llama_decode then returns 2 and drops the interrupted micro-batch."""
+
+    def __init__(self, lib):
+        self.interrupt = None
+        self.fired = False
+        self.callback = lib.ggml_abort_callback(self._poll)
+
+    def _poll(self, _data) -> bool:
+        if self.interrupt is None or self.fired:
+            return self.fired
+        try:
+            self.fired = bool(self.interrupt())
+        except Exception:  # a failing Stop check must not take the process down from inside C
+            self.fired = True
+        return self.fired
+
+
+class LlamaSession:
+    """One sequence's KV cache on one llama.cpp model (see the module doc)."""
+
+    def __init__(self, model: LlamaModel):
+        lib = model.lib
+        self.model = model
+        self.lib = lib
+        self.ctx = model.context()
+        self.length = 0
+        self._batch = lib.llama_batch_init(N_BATCH, 0, 1)
+        self._abort = _Abort(lib)
+        lib.llama_set_abort_callback(self.ctx, self._abort.callback, None)
+        self._finalizer = weakref.finalize(self, _release, model, self.ctx, lib, self._batch)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def forward(self, tokens: list[int], keep: int = 1, interrupt=None) -> tuple[torch.Tensor, float]:
+        """Feed ``tokens`` at the end of the cache (in micro-batches of at most N_BATCH); return the last ``keep``
+        rows of logits in float32 and the pass's ms. ``interrupt`` is polled before the pass and during it
+        (raises ``Interrupted``; the cache then holds a prefix of the pass, and the caller discards it)."""
+        if not tokens:
+            raise ValueError("forward needs at least one token")
+        if self.length + len(tokens) > self.model.n_ctx:
+            raise UserError(f"the sequence would exceed llama.cpp's context of {self.model.n_ctx} tokens "
+                            f"({N_CTX_ENV} sets it)")
+        if interrupt is not None and interrupt():
+            raise Interrupted("stopped before a forward pass")
+        lib, batch, n = self.lib, self._batch, len(tokens)
+        first_kept = n - keep  # rows before it need no logits
+        rows: list[np.ndarray] = []
+        self._abort.interrupt, self._abort.fired = interrupt, False
+        start = time.perf_counter()
+        try:
+            for lo in range(0, n, N_BATCH):
+                chunk = tokens[lo:lo + N_BATCH]
+                for i, token in enumerate(chunk):
+                    batch.token[i] = int(token)
+                    batch.pos[i] = self.length + lo + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = 0
+                    batch.logits[i] = 1 if lo + i >= first_kept else 0
+                batch.n_tokens = len(chunk)
+                rc = lib.llama_decode(self.ctx, batch)
+                if rc == 2 or self._abort.fired:
+                    self.length = max(0, lib.llama_memory_seq_pos_max(lib.llama_get_memory(self.ctx), 0) + 1)
+                    raise Interrupted("stopped inside a forward pass")
+                if rc != 0:
+                    raise RuntimeError(f"llama_decode failed with code {rc}")
+                wanted = lo + len(chunk) - max(first_kept, lo)
+                if wanted > 0:  # llama.cpp reuses its logits buffer on the next decode: copy now
+                    view = np.ctypeslib.as_array(lib.llama_get_logits(self.ctx), shape=(wanted, self.model.n_vocab))
+                    rows.append(view.copy())
+            self.length += n
+        finally:
+            self._abort.interrupt = None
+        logits = torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows))
+        return logits, (time.perf_counter() - start) * 1000.0
+
+    def crop(self, length: int) -> None:
+        if length < self.length:
+            self.lib.llama_memory_seq_rm(self.lib.llama_get_memory(self.ctx), 0, int(length), -1)
+            self.length = int(length)
+
+
+def _release(model: LlamaModel, ctx, lib, batch) -> None:
+    lib.llama_set_abort_callback(ctx, lib.ggml_abort_callback(), None)
+    lib.llama_batch_free(batch)
+    model.release(ctx)
+
+
+def quantize(source, dest, ftype: str = "q4_0") -> None:
+    """Re-quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``), atomically."""
+    lib = library()
+    types = {"q4_0": lib.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": lib.LLAMA_FTYPE_MOSTLY_Q8_0}
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = types[ftype]
+    params.nthread = threads()
+    params.allow_requantize = True  # the shipped assistant is Q5_0 / Q8_0: requantizing is the point
+    tmp = f"{dest}.partial"
+    rc = lib.llama_model_quantize(str(source).encode(), tmp.encode(), ctypes.byref(params))
+    if rc != 0:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise UserError(f"llama.cpp could not quantize {source} to {ftype} (code {rc})")
+    os.replace(tmp, dest)

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Build llama-cpp-python (pinned in requirements-llamacpp.txt) once into a wheelhouse, and install it into .venv.
+#
+# PyPI has only its source: the build takes ~6 minutes on 2 cores (CMake, the vendored llama.cpp). It is done once;
+# later set-ups install the kept wheel in seconds. Build flags:
+#   * a portable x86-64-v3 baseline (AVX2, FMA, F16C, BMI2; GGML_NATIVE off), so an image or a Space built on one
+#     CPU runs on another (CMAKE_ARGS overrides, e.g. CMAKE_ARGS=-DGGML_NATIVE=ON for this machine's own kernels);
+#   * llamafile's sgemm off: its rows depend on the batch size, and DISCO Lab's exact mode needs a verified row to
+#     equal the one-token row (disco/models/llama.py); measured no slower for the embedded pair;
+#   * no multimodal library (a quarter of the build, unused).
+# The same build also gives llama.cpp's own speculative example (llama-speculative-simple), the benchmark's timed
+# peer for this engine; it is linked against the wheel's libraries and kept beside the wheel.
+#
+# Usage: scripts/llama-build.sh            (from scripts/setup.sh; DISCO_WHEELHOUSE sets where the wheel is kept)
+# Never fatal: where the build is not possible, one line says so and the torch engine still works.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+pin="$(grep -E '^llama-cpp-python==' requirements-llamacpp.txt)"
+version="${pin#llama-cpp-python==}"
+house="${DISCO_WHEELHOUSE:-${DISCO_CACHE:-$HOME/.cache/disco}/wheels}"
+py=.venv/bin/python
+pyver="$($py -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')"
+peer="$house/llama-speculative-simple-$version"
+
+say() { echo "setup: $*" >&2; }
+
+installed="$($py -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null)"
+if [ "$installed" = "$version" ] && { [ -x .venv/bin/llama-speculative-simple ] || [ ! -e "$peer" ]; }; then
+  exit 0  # installed (with the peer where it could be built)
+fi
+
+wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
+if [ -z "$wheel" ]; then
+  for tool in cmake g++ make; do
+    command -v "$tool" >/dev/null 2>&1 || { say "no $tool here, so llama-cpp-python cannot be built; the torch engine still works"; exit 0; }
+  done
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' EXIT
+  say "building llama-cpp-python $version once (~6 minutes on 2 cores; kept in $house) ..."
+  start=$SECONDS
+  if ! $py -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: "$pin" -d "$work" >"$work/log" 2>&1; then
+    say "could not download the llama-cpp-python source ($(tail -n 1 "$work/log")); the torch engine still works"; exit 0
+  fi
+  tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
+  src="$work/llama_cpp_python-$version"
+  flags="-DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF -DGGML_CCACHE=OFF"
+  if [ "$(uname -m)" = x86_64 ]; then
+    flags="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON $flags"
+  fi
+  mkdir -p "$house"
+  if ! CMAKE_ARGS="$flags ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+       $py -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$work/wheel" -C build-dir="$work/build" "$src" \
+       >>"$work/log" 2>&1; then
+    say "the llama-cpp-python build failed ($(grep -m1 -iE 'error' "$work/log" || tail -n 1 "$work/log")); the torch engine still works"
+    exit 0
+  fi
+  # llama.cpp's own speculative example from the same tree, against the same libraries (seconds, once built)
+  b="$work/build"
+  objs="$(find "$b/vendor/llama.cpp/common/CMakeFiles/llama-common.dir" -name '*.o' | sort)"
+  if g++ -std=c++17 -O3 -DNDEBUG -DGGML_SHARED -DLLAMA_SHARED -DLLAMA_SUBPROCESS \
+       -I"$src/vendor/llama.cpp/common" -I"$src/vendor/llama.cpp/vendor" -I"$src/vendor/llama.cpp/include" \
+       -I"$src/vendor/llama.cpp/ggml/include" "$src/vendor/llama.cpp/examples/speculative-simple/speculative-simple.cpp" \
+       $objs "$b/vendor/llama.cpp/common/libllama-common-base.a" "$b/vendor/llama.cpp/vendor/cpp-httplib/libcpp-httplib.a" \
+       -L"$b/bin" -l:libllama.so.0 -l:libggml.so.0 -l:libggml-base.so.0 -lssl -lcrypto -pthread \
+       -Wl,-rpath,"\$ORIGIN/../lib/$pyver/site-packages/llama_cpp/lib" -o "$peer" >>"$work/log" 2>&1; then
+    :
+  else
+    say "llama.cpp's speculative example did not link (the benchmark's llama.cpp peer will be skipped)"
+  fi
+  cp "$work"/wheel/*.whl "$house"/
+  wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl | head -n 1)"
+  say "built $(basename "$wheel") in $((SECONDS - start)) s"
+fi
+if ! $py -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel" >/dev/null 2>&1 \
+   || ! $py -m pip install --quiet --disable-pip-version-check -r requirements-llamacpp.txt --find-links "$house" >/dev/null 2>&1; then
+  say "could not install $(basename "$wheel"); the torch engine still works"; exit 0
+fi
+if [ -x "$peer" ]; then
+  cp "$peer" .venv/bin/llama-speculative-simple
+fi
+exit 0

@@ -1,0 +1,203 @@
+"""The llama.cpp engine's invariants on a tiny GGUF pair the tests write themselves (``tests/tiny_gguf.py``): its
+logits are the torch engine's on the same weights, a verified row is the one-token row bit for bit (exact mode),
+greedy is lossless for every policy, rollback after partial acceptance, Stop mid-pass, live = replay, the Q4_0
+assistant, and speculative sampling keeps the target's distribution."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from disco.models import llama
+
+if llama.available() is not None:
+    pytest.skip(f"llama-cpp-python is not installed: {llama.available()}", allow_module_level=True)
+
+import tiny_gguf  # noqa: E402  (tests/ is on the path: pytest's rootdir conftest)
+from disco.costs.model import CostModel  # noqa: E402
+from disco.decode.live import Decoder  # noqa: E402
+from disco.decode.race import greedy_reference, run_all  # noqa: E402
+from disco.decode.settings import DecodeSettings  # noqa: E402
+from disco.errors import Interrupted  # noqa: E402
+from disco.models import encode_prompt, gguf_pair  # noqa: E402
+from disco.models.tiny import build_tiny_tokenizer  # noqa: E402
+from disco.policies import parse_strategy  # noqa: E402
+from disco.replay.run import replay_many  # noqa: E402
+from disco.replay.tables import build_table  # noqa: E402
+
+STRATEGIES = [
+    "autoregressive", "static:1", "static:3", "static:8", "heuristic:2", "threshold:0.4:20", "threshold:0.0:6",
+    "threshold:0.9:3", "oracle", "oracle:3", "adaptive:0.4:8", "entropy:0.5:8", "cumulative:0.5:8", "costaware:8",
+    "disco:6", "pmin:0.4:8", "pmin:0.2:6:2",
+]
+PROMPTS = ["def fibonacci(n):", "The quick brown fox", "x", "{'a': 1, 'b': [2, 3]}"]
+COSTS = CostModel(target=[(1, 100.0), (2, 104.0), (4, 112.0), (40, 300.0)], assistant=[(1, 8.0), (40, 30.0)])
+
+
+@pytest.fixture(scope="module")
+def gguf_tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-gguf")
+    target, assistant = tiny_gguf.write_pair(folder)
+    pair = gguf_pair.load("tiny-gguf", target, assistant, tokenizer=build_tiny_tokenizer(), eos_ids=(1,))
+    pair.warmup()
+    return pair
+
+
+def test_logits_are_the_torch_engines_on_the_same_weights(gguf_tiny, tiny_pair):
+    ids = encode_prompt(gguf_tiny, "def fibonacci(n):", False, 8)
+    for role in ("target", "assistant"):
+        ours, _ = gguf_tiny.session(role).forward(ids, len(ids))
+        theirs, _ = tiny_pair.session(role).forward(ids, len(ids))
+        assert torch.allclose(ours, theirs, atol=1e-2), role
+        assert (ours.argmax(-1) == theirs.argmax(-1)).all(), role
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 8, 16])
+def test_a_verified_row_is_the_one_token_row_bit_for_bit(gguf_tiny, k):
+    """Exact mode: whatever the batch size, every row (and every later row computed from the cache a batch wrote)
+    equals what one-token passes compute."""
+    assert gguf_tiny.exact
+    ids = encode_prompt(gguf_tiny, "Once upon a time, in a land far away,", False, 24)
+    follow = [(7 * i + 3) % 90 + 5 for i in range(16)]
+    for role in ("target", "assistant"):
+        single = gguf_tiny.session(role)
+        single.forward(ids, 1)
+        rows = torch.cat([single.forward([t], 1)[0] for t in follow] + [single.forward([2], 1)[0]])
+        batched = gguf_tiny.session(role)
+        batched.forward(ids, 1)
+        chunks = [batched.forward(follow[i:i + k], len(follow[i:i + k]))[0] for i in range(0, len(follow), k)]
+        chunks.append(batched.forward([2], 1)[0])
+        assert torch.equal(torch.cat(chunks), rows), (role, k)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("chat", [False, True])
+def test_every_strategy_is_lossless_in_greedy_mode(gguf_tiny, prompt, chat):
+    final = run_all(gguf_tiny, prompt, STRATEGIES, DecodeSettings(max_new_tokens=32), chat=chat)
+    base = final.decoders[0].output_ids
+    assert len(base) > 0
+    for d in final.decoders[1:]:
+        assert d.output_ids == base, f"{d.strategy} diverged from autoregressive on {prompt!r}"
+    summaries = final.summaries()
+    assert all(s["identical_to_autoregressive"] for s in summaries)
+    assert {s["engine"] for s in summaries} == {"llamacpp"}
+
+
+def test_rollback_after_partial_acceptance_matches_a_fresh_prefill(gguf_tiny):
+    rejections = 0
+    for prompt in PROMPTS[:3]:
+        ids = encode_prompt(gguf_tiny, prompt, False, 32)
+        d = Decoder(gguf_tiny, ids, parse_strategy("static:6"), DecodeSettings(max_new_tokens=32))
+        while not d.done:
+            r = d.step()
+            if d.done:
+                break
+            rejections += r.accepted < r.lookahead
+            assert d.target.length == d.t_len and d.assistant.length == d.a_len
+            for role, session, held in (("target", d.target, d.t_len), ("assistant", d.assistant, d.a_len)):
+                fresh, _ = gguf_tiny.session(role).forward(d.ids, 1)
+                probe = gguf_tiny.session(role)
+                probe.forward(d.ids[:held], 1)
+                cached, _ = probe.forward(d.ids[held:], 1)
+                assert torch.equal(cached, fresh), role
+    assert rejections > 0
+
+
+class _StopAfter:
+    def __init__(self, n: int):
+        self.n, self.polls = n, 0
+
+    def __call__(self) -> bool:
+        self.polls += 1
+        return self.polls >= self.n
+
+
+@pytest.mark.parametrize("poll", [1, 2, 40])  # before the first pass, inside it (llama.cpp polls per graph node)
+def test_stop_abandons_the_iteration_mid_pass(gguf_tiny, poll):
+    ids = encode_prompt(gguf_tiny, "Once upon a time", False, 32)
+    d = Decoder(gguf_tiny, ids, parse_strategy("static:4"), DecodeSettings(max_new_tokens=32))
+    d.step()
+    records, tokens, out = list(d.records), list(d.tokens), list(d.output_ids)
+    interrupt = _StopAfter(poll)
+    with pytest.raises(Interrupted):
+        d.step(interrupt)
+    assert interrupt.polls == poll  # polled until it fired, never after
+    assert d.records == records and d.tokens == tokens and d.output_ids == out
+    with pytest.raises(RuntimeError, match="interrupted"):
+        d.step()
+    after = run_all(gguf_tiny, "Once upon a time", ["autoregressive", "static:4"], DecodeSettings(max_new_tokens=12))
+    assert after.decoders[0].output_ids == after.decoders[1].output_ids
+
+
+def test_replay_equals_the_live_engine(gguf_tiny):
+    fields = ("iteration", "lookahead", "accepted", "emitted", "stop_reason", "draft_calls", "target_tokens")
+    for prompt in PROMPTS[:2]:
+        ids = encode_prompt(gguf_tiny, prompt, False, 24)
+        table = build_table(gguf_tiny, ids, 24)
+        assert table.meta["engine"] == "llamacpp"
+        results = replay_many(table, [parse_strategy(s) for s in STRATEGIES], 24, COSTS)
+        for spec in STRATEGIES:
+            policy = parse_strategy(spec)
+            if policy.probes_verification:
+                policy.reference = greedy_reference(gguf_tiny, ids, 24)
+            live = Decoder(gguf_tiny, ids, policy, DecodeSettings(max_new_tokens=24), costs=COSTS).run()
+            assert [tuple(getattr(r, f) for f in fields) for r in results[spec].records] == \
+                   [tuple(getattr(r, f) for f in fields) for r in live.records], spec
+            assert results[spec].output_ids == live.output_ids, spec
+
+
+def test_the_q4_0_assistant_is_requantized_once_and_stays_lossless(gguf_tiny):
+    q4 = gguf_tiny.with_assistant("q4_0")
+    assert q4.assistant_precision == "q4_0" and q4.target_model is gguf_tiny.target_model
+    assert q4.assistant_model.path.endswith(".gguf") and "q4_0" in q4.assistant_model.path
+    assert gguf_tiny.with_assistant("q4_0") is q4  # one view, one quantization
+    final = run_all(gguf_tiny, "def fibonacci(n):", ["autoregressive", "static:3@q4_0", "threshold:0.4:8@model"],
+                    DecodeSettings(max_new_tokens=24))
+    base = final.decoders[0].output_ids
+    assert all(d.output_ids == base for d in final.decoders)
+    assert [d.pair.assistant_precision for d in final.decoders[1:]] == ["q4_0", "model"]
+    with pytest.raises(Exception, match="torch engine"):
+        gguf_tiny.with_assistant("int8")
+
+
+# -- sampling: the Leviathan rule on this engine keeps the target's distribution --------------------------------
+
+PROMPT = [1, 2, 3]
+NEW = 3
+SAMPLES = 2000
+
+
+@pytest.fixture(scope="module")
+def gguf_small(tmp_path_factory):
+    from conftest import IdTokenizer, make_small_pair
+
+    small = make_small_pair()
+    folder = tmp_path_factory.mktemp("small-gguf")
+    target = tiny_gguf.write(small.target, folder / "target.gguf")
+    assistant = tiny_gguf.write(small.assistant, folder / "assistant.gguf")
+    return gguf_pair.load("small-gguf", target, assistant, tokenizer=IdTokenizer(4), eos_ids=(1004,))
+
+
+def test_speculative_sampling_keeps_the_target_distribution(gguf_small):
+    from test_sampling import p_value
+
+    from disco.decode.sampling import distribution
+
+    settings = DecodeSettings(max_new_tokens=NEW, sample=True)
+    probs = {}
+    for seq in itertools.product(range(4), repeat=NEW):  # the target's own distribution, by enumeration
+        logits, _ = gguf_small.session("target").forward(PROMPT + list(seq), len(PROMPT) + NEW)
+        dist = distribution(logits[len(PROMPT) - 1: len(PROMPT) - 1 + NEW], settings)
+        probs[seq] = float(np.prod([dist[i, t].item() for i, t in enumerate(seq)]))
+    counts, drafted, accepted = {}, 0, 0
+    for seed in range(SAMPLES):
+        d = Decoder(gguf_small, PROMPT, parse_strategy("static:2"),
+                    DecodeSettings(max_new_tokens=NEW, sample=True, seed=seed)).run()
+        counts[tuple(d.output_ids)] = counts.get(tuple(d.output_ids), 0) + 1
+        drafted += sum(r.lookahead for r in d.records)
+        accepted += sum(r.accepted for r in d.records)
+    assert 0.2 < accepted / drafted < 0.9  # the rejection path is exercised
+    assert p_value(counts, probs) > 1e-3
