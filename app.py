@@ -30,10 +30,11 @@ def build_demo(models: str | None = None) -> gr.Blocks:
     def compare(prompt, lane_a=d.lane_a, lane_b=d.lane_b, k=d.k, threshold=d.threshold, max_lookahead=d.max_lookahead,
                 max_new_tokens=d.max_new_tokens, baseline=d.baseline, chat=d.chat, sample=d.sample,
                 temperature=d.temperature, top_p=d.top_p, seed=d.seed, lane_a_assistant=ui.DEFAULT_ASSISTANT,
-                lane_b_assistant=ui.DEFAULT_ASSISTANT, request: gr.Request = None):
+                lane_b_assistant=ui.DEFAULT_ASSISTANT, engine=ui.DEFAULT_ENGINE, request: gr.Request = None):
         yield from ui.compare(loader.get, prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens,
                               baseline, chat, sample, temperature, top_p, seed, lane_a_assistant, lane_b_assistant,
-                              should_stop=stops.for_request(request), get_profile=loader.get_profile)
+                              engine, should_stop=stops.for_request(request),
+                              get_profile=lambda: loader.get_profile(engine))
 
     budgets = limits.Budgets.from_env()
     compare = zerogpu.gpu(compare, budgets.run_s)  # a no-op off a ZeroGPU Space
@@ -60,10 +61,15 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                     with gr.Row():
                         lane_a_assistant = gr.Dropdown(ui.ASSISTANT_CHOICES, value=ui.DEFAULT_ASSISTANT,
                                                        label="Lane A assistant", elem_id="lane-a-assistant",
-                                                       info="default, the pair's dtype (model), or dynamic int8")
+                                                       info="default, model (as shipped), int8 (torch) or q4_0 (llama.cpp)")
                         lane_b_assistant = gr.Dropdown(ui.ASSISTANT_CHOICES, value=ui.DEFAULT_ASSISTANT,
                                                        label="Lane B assistant", elem_id="lane-b-assistant",
                                                        info="auto lane: the recommended one unless set here")
+                    engines = loader.engines()  # one engine per run; a menu only where there is a choice
+                    engine = gr.Dropdown([ui.DEFAULT_ENGINE] + [e for e in engines[1:]], value=ui.DEFAULT_ENGINE,
+                                         label="Engine", elem_id="engine", visible=len(engines) > 1,
+                                         info=f"default: {engines[0] if engines else '?'} (this app's); the other one "
+                                              "loads on its first run")
                     look = budgets.max_lookahead  # the sliders end at the operator's limit (disco.limits)
                     # each policy's parameters name the shared slider that fills them (disco.policies metadata)
                     k = gr.Slider(1, look, value=min(d.k, look), step=1,
@@ -116,7 +122,7 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                                                        {"left": "$", "right": "$", "display": False}])
 
         inputs = [prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens, baseline, chat, sample,
-                  temperature, top_p, seed, lane_a_assistant, lane_b_assistant]
+                  temperature, top_p, seed, lane_a_assistant, lane_b_assistant, engine]
         outputs = [run_status, lanes, race_plot, lookahead_plot, latency_plot, confidence_plot, summary,
                    iterations_csv, tokens_csv]
         # Stop ends the race at its next transformer layer, dropping the unfinished iteration; the race itself

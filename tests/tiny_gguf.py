@@ -4,8 +4,10 @@ held against the torch engine's on the same weights.
 
 The tiny models are Llama-shaped (RMSNorm, SwiGLU, rotary attention without biases); llama.cpp's ``qwen2``
 architecture is the same graph with optional q/k/v biases and NeoX-style rotary embeddings, which is also how
-transformers applies them (rotate-half), so the weights go in unpermuted. The vocabulary is "none" (dummy tokens):
-the tokenizer is the tiny pair's own, handed to the pair by the test.
+transformers applies them (rotate-half), so the weights go in unpermuted. The vocabulary is the tiny pair's
+character tokenizer written as a byte-level BPE without merges (GPT-2 style, as Qwen2's is), with the same ids and
+the tiny chat template, so both llama.cpp and transformers read it from the file and encode exactly as the tiny
+torch pair does.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 import numpy as np
 
 
-def write(model, path: Path, quant: str = "F32") -> Path:
-    """Write one transformers Llama-shaped model as a GGUF file; matrices in ``quant`` (F32, F16 or Q8_0)."""
+def write(model, path: Path, quant: str = "F32", vocab: bool = True) -> Path:
+    """Write one transformers Llama-shaped model as a GGUF file; matrices in ``quant`` (F32, F16 or Q8_0). Without
+    ``vocab`` the file has dummy tokens (llama.cpp's "none" vocabulary): the caller brings a tokenizer."""
     import gguf
 
     cfg = model.config
@@ -30,7 +33,10 @@ def write(model, path: Path, quant: str = "F32") -> Path:
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
     writer.add_vocab_size(cfg.vocab_size)
-    writer.add_tokenizer_model("none")
+    if vocab:
+        _add_vocab(writer, cfg.vocab_size)
+    else:
+        writer.add_tokenizer_model("none")
     kind = {"F32": gguf.GGMLQuantizationType.F32, "F16": gguf.GGMLQuantizationType.F16,
             "Q8_0": gguf.GGMLQuantizationType.Q8_0}[quant]
     writer.add_file_type({"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
@@ -59,6 +65,50 @@ def write(model, path: Path, quant: str = "F32") -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: every byte as a printable character."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return dict(zip(keep, map(chr, chars)))
+
+
+def _add_vocab(writer, vocab_size: int) -> None:
+    import gguf
+
+    from disco.models.tiny import TINY_CHAT_TEMPLATE, TINY_SPECIALS, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    byte = _bytes_to_unicode()
+    ids = tok.get_vocab()
+    tokens = [""] * vocab_size
+    types = [gguf.TokenType.NORMAL] * vocab_size
+    for text, i in ids.items():
+        if text in TINY_SPECIALS:
+            tokens[i], types[i] = text, gguf.TokenType.CONTROL
+        else:
+            tokens[i] = "".join(byte[b] for b in text.encode("utf-8"))
+    for i, text in enumerate(tokens):
+        if not text:
+            tokens[i], types[i] = f"[PAD{i}]", gguf.TokenType.UNUSED
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    # a character vocabulary needs no merges, but llama.cpp refuses a BPE vocabulary without any and the writer
+    # writes no empty array: one merge ("~" + "`", in the slot of the never-emitted <unk>) that no test text holds
+    tokens[ids["<unk>"]], types[ids["<unk>"]] = "~`", gguf.TokenType.NORMAL
+    writer.add_token_merges(["~ `"])
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_eos_token_id(ids["<eos>"])
+    writer.add_pad_token_id(ids["<pad>"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(TINY_CHAT_TEMPLATE)
 
 
 def write_pair(folder: Path, quant: str = "F32") -> tuple[Path, Path]:

@@ -16,6 +16,7 @@ from disco.app.session import COMPUTE_LOCK
 from disco.bench import machine_profile
 from disco.costs import profile
 from disco.models import ModelLoadError, load_pair, resolve_assistant
+from disco.models.load import resolve_engine
 
 log = logging.getLogger("disco.app")
 
@@ -26,8 +27,15 @@ class ModelLoader:
     ``COMPUTE_LOCK``, for the "This machine" tab and the ``auto`` lane."""
 
     def __init__(self, spec: str, dtype: str = "auto", device: str = "auto", assistant: str | None = None,
-                 profile: bool | None = None):
+                 profile: bool | None = None, engine: str | None = None):
         self.spec, self.dtype, self.device = spec, dtype, device
+        self.engine_choice = engine or os.environ.get("DISCO_ENGINE") or "auto"
+        try:  # cheap (an import check): the menu needs it before the models are loaded
+            self.engine: str | None = resolve_engine(self.engine_choice, spec, device, dtype)
+        except ModelLoadError:
+            self.engine = None  # loading reports why
+        self._others: dict[str, object] = {}  # pairs of the other engine, loaded on a run's first use
+        self._others_lock = threading.Lock()
         self.assistant = assistant or os.environ.get("DISCO_ASSISTANT_PRECISION", "auto")
         self.profile_enabled = (os.environ.get("DISCO_PROFILE", "on").strip().lower() not in ("0", "off", "no")
                                 if profile is None else profile)
@@ -50,7 +58,8 @@ class ModelLoader:
     def _load(self) -> None:
         print(f"DISCO Lab: loading the {self.spec!r} model pair…", flush=True)
         try:
-            pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True)
+            self.engine = self.engine or resolve_engine(self.engine_choice, self.spec, self.device, self.dtype)
+            pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True, engine=self.engine)
             self.pair = resolve_assistant(pair, self.assistant, log=print)
             self.pair.warmup()
             print(f"DISCO Lab: models ready in {time.perf_counter() - self.started:.1f} s: {self.pair.describe()}",
@@ -84,22 +93,50 @@ class ModelLoader:
         finally:
             self._profile_done.set()
 
-    def get_profile(self):
-        """This machine's profile, or None while it is measured (or when it could not be)."""
-        return self.profile
+    def get_profile(self, engine: str | None = None):
+        """This machine's profile for ``engine`` (default: the app's), or None while it is measured (or when it
+        could not be, or, for the other engine, was never measured here)."""
+        if engine in (None, "", "default", self.engine):
+            return self.profile
+        return profile.latest_for(self.spec, engine)
 
     @property
     def ready(self) -> bool:
         return self._done.is_set()
 
-    def get(self, timeout: float | None = None):
-        """The pair, waiting for start-up loading; raises ModelLoadError if it failed."""
+    def get(self, timeout: float | None = None, engine: str | None = None):
+        """The pair, waiting for start-up loading; raises ModelLoadError if it failed. ``engine`` (``torch`` or
+        ``llamacpp``) other than the start-up one loads that engine's pair on first use (one engine per run, so
+        the lanes of a race stay comparable)."""
         self.start()
         if not self._done.wait(timeout):
             raise ModelLoadError("the models are still loading; try again in a moment")
         if self.error is not None:
             raise ModelLoadError(f"the models could not be loaded: {self.error}")
-        return self.pair
+        if engine in (None, "", "default", self.engine):
+            return self.pair
+        if engine not in self.engines():
+            raise ModelLoadError(f"the {engine} engine cannot run {self.spec!r} here (engines: "
+                                 f"{', '.join(self.engines())})")
+        with self._others_lock:
+            if engine not in self._others:
+                pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True, engine=engine)
+                self._others[engine] = resolve_assistant(pair, self.assistant, log=print)
+                self._others[engine].warmup()
+            return self._others[engine]
+
+    def engines(self) -> list[str]:
+        """The engines that can run this pair here (the start-up one first)."""
+        found = [self.engine] if self.engine else []
+        for name in ("llamacpp", "torch"):
+            if name in found:
+                continue
+            try:
+                resolve_engine(name, self.spec, self.device, self.dtype)
+            except ModelLoadError:
+                continue
+            found.append(name)
+        return found
 
     def status(self) -> str:
         if not self.ready:
@@ -108,8 +145,10 @@ class ModelLoader:
         if self.error is not None:
             return f"✗ The **{self.spec}** models could not be loaded: {html.escape(str(self.error))}"
         d = self.pair.describe()
+        engine = ("llama.cpp" + (" (exact kernels)" if d.get("exact") else " (its default kernels)")
+                  if d.get("engine") == "llamacpp" else "torch")
         return (f"● Models ready: target **{d['target']}**, assistant **{d['assistant']}** "
-                f"({d['assistant_precision']} by default) · {d['dtype']} on {d['device']} · context "
+                f"({d['assistant_precision']} by default) · engine **{engine}** · {d['dtype']} on {d['device']} · context "
                 f"{self.pair.context_length} tokens · loaded in {self.pair.load_seconds:.1f} s · numerics and "
                 "costs: see **This machine**")
 
@@ -126,7 +165,10 @@ class ModelLoader:
         md = machine_tab.markdown(data, cal.to_dict() if cal is not None else None,
                                    self.profile_step if not self._profile_done.is_set() else None, self.profile_error,
                                    self.pair.describe() if self.pair is not None else None)
-        return md, plots.machine_cost_figure(data), plots.machine_speedup_figure(data)
+        # every engine measured on this machine draws its verification curve (the other one from its cached profile)
+        others = [p.to_dict() for e in self.engines() if e != self.engine
+                  for p in [profile.latest_for(self.spec, e)] if p is not None]
+        return md, plots.machine_cost_figure(data, others), plots.machine_speedup_figure(data)
 
     def machine_stream(self) -> Iterator[tuple]:
         """For ``demo.load``: the This machine tab, redrawn every 2 s while the profile is measured, then once.

@@ -41,7 +41,10 @@ AUTO = "auto"
 LANE_KINDS = [cls.kind for cls in policy_kinds() if cls.kind != AUTOREGRESSIVE] + [AUTO]
 # a lane's assistant: the app's default (DISCO_ASSISTANT_PRECISION, calibrated when auto), or one explicitly
 DEFAULT_ASSISTANT = "default"
-ASSISTANT_CHOICES = [DEFAULT_ASSISTANT, "model", "int8"]
+ASSISTANT_CHOICES = [DEFAULT_ASSISTANT, "model", "int8", "q4_0"]  # int8: torch's; q4_0: llama.cpp's (the pair checks)
+# what runs the models: the app's own (DISCO_ENGINE, auto), or the other engine where both are installed
+DEFAULT_ENGINE = "default"
+ENGINE_CHOICES = [DEFAULT_ENGINE, "llamacpp", "torch"]
 
 
 @dataclass(frozen=True)
@@ -264,13 +267,14 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
             threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
             max_new_tokens=DEFAULTS.max_new_tokens, baseline: bool = DEFAULTS.baseline, chat: bool = DEFAULTS.chat,
             sample: bool = DEFAULTS.sample, temperature=DEFAULTS.temperature, top_p=DEFAULTS.top_p,
-            seed=DEFAULTS.seed, lane_a_assistant: str = DEFAULT_ASSISTANT, lane_b_assistant: str = DEFAULT_ASSISTANT, *,
-            interval: float = UPDATE_INTERVAL_S, plot_interval: float = PLOT_INTERVAL_S,
+            seed=DEFAULTS.seed, lane_a_assistant: str = DEFAULT_ASSISTANT, lane_b_assistant: str = DEFAULT_ASSISTANT,
+            engine: str = DEFAULT_ENGINE, *, interval: float = UPDATE_INTERVAL_S, plot_interval: float = PLOT_INTERVAL_S,
             should_stop: Callable[[], bool] | None = None, get_profile: Callable[[], object] | None = None
             ) -> Iterator[tuple]:
     """Race the lanes and stream the page's outputs (see OUTPUT_LABELS).
 
-    ``get_pair`` is a ModelPair or a function returning one (it may wait for start-up loading).
+    ``get_pair`` is a pair or a function returning one (it may wait for start-up loading); it is called with
+    ``engine=`` when the run asks for an engine other than the app's default (one engine per run).
     ``should_stop`` is polled before every forward pass: when it turns true the iteration in progress is
     abandoned and the run ends with a "Stopped" status and the completed iterations' trace in the CSV files.
     User mistakes become ``gr.Error`` with the engine's one-line message. ``get_profile`` returns this machine's
@@ -278,6 +282,9 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
     """
     start = time.perf_counter()
     try:
+        engine = (str(engine).strip().lower() if engine is not None else DEFAULT_ENGINE) or DEFAULT_ENGINE
+        if engine not in ENGINE_CHOICES:
+            raise InputError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINE_CHOICES)}")
         prof = None
         if AUTO in (str(lane_a).strip(), str(lane_b).strip()):
             prof = get_profile() if get_profile is not None else None
@@ -302,7 +309,12 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
     deadline = limits.Deadline(budgets.run_s)
     should_stop = deadline.stop_check(should_stop)
     try:
-        pair = get_pair() if callable(get_pair) else get_pair
+        if callable(get_pair):
+            pair = get_pair(engine=engine) if engine not in ("", None, DEFAULT_ENGINE) else get_pair()
+        elif engine not in ("", None, DEFAULT_ENGINE) and engine != getattr(get_pair, "engine", engine):
+            raise InputError(f"this app runs its models on {get_pair.engine}; the {engine} engine is not loaded")
+        else:
+            pair = get_pair
         decode = getattr(pair, "decode", None)
         with COMPUTE_LOCK:  # waits at most one chunk of the background profile
             costs_for = profile_costs(get_profile) if any(p.needs_costs for p in lanes) else None

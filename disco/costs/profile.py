@@ -209,6 +209,21 @@ def latest(models: str, pair, root=None) -> Profile | None:
     return best
 
 
+def latest_for(models: str, engine: str, device: str = "cpu", root=None) -> Profile | None:
+    """The newest profile of ``models`` on ``engine`` on this machine, whatever its dtype and prompts (the other
+    engine's curve on the This-machine tab, without loading its models)."""
+    key = machine_key(models, device, engine)
+    best = None
+    for path in _dir(root).glob("profile-*.json"):
+        try:
+            prof = Profile.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, ProfileError):
+            continue
+        if prof.key == key and (best is None or prof.measured_at > best.measured_at):
+            best = prof
+    return best
+
+
 def save(profile: Profile, root=None) -> Path | None:
     path = path_for(profile.key, profile.dtype, profile.prompts, profile.max_new_tokens, root)
     return cache.write_json(path, profile.to_dict())

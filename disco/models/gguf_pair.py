@@ -166,7 +166,7 @@ def load(name: str, target_path: Path, assistant_path: Path, target_id: str | No
         raise ModelLoadError(f"{target_path} has {target.n_vocab} tokens but {assistant_path} has {assistant.n_vocab}; "
                              "they cannot verify each other's drafts")
     tokenizer = tokenizer if tokenizer is not None else gguf_tokenizer(Path(target_path), tokenizer_key)
-    if len(tokenizer) > target.n_vocab:
+    if len(tokenizer) > target.n_vocab + 16:  # a few specials transformers adds by default (never emitted) are fine
         raise ModelLoadError(f"the tokenizer of {target_path} has {len(tokenizer)} tokens, its model {target.n_vocab}")
     eos = eos_ids[0] if eos_ids else getattr(tokenizer, "eos_token_id", None)
     if eos is None:

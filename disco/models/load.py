@@ -266,7 +266,12 @@ def load_pair(spec: str = EMBEDDED, dtype: str = "auto", device: str = "auto", p
 
 def load_resolved(models: str, dtype: str = "auto", device: str = "auto", assistant: str = "auto", log=print,
                   engine: str | None = None):
-    """The pair a command runs: ``load_pair`` with its default assistant resolved (``resolve_assistant``)."""
+    """The pair a command runs: ``load_pair`` with its default assistant resolved (``resolve_assistant``). The engine
+    and the assistant precision are checked before any model is loaded."""
+    from disco.models import precision as prec
+
+    engine = resolve_engine(engine, models, device, dtype)
+    prec.check(assistant, allow_auto=True, engine=engine)
     return resolve_assistant(load_pair(models, dtype=dtype, device=device, log=log, engine=engine), assistant, log=log)
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from disco.costs import model as cost_profiles
-from disco.cli import JSON_FIELDS, main
+from disco.cli import main
 from disco.decode.trace import parse_confidences
 
 ROOT = Path(__file__).resolve().parents[2]

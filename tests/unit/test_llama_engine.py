@@ -23,7 +23,6 @@ from disco.decode.race import greedy_reference, run_all  # noqa: E402
 from disco.decode.settings import DecodeSettings  # noqa: E402
 from disco.errors import Interrupted  # noqa: E402
 from disco.models import encode_prompt, gguf_pair  # noqa: E402
-from disco.models.tiny import build_tiny_tokenizer  # noqa: E402
 from disco.policies import parse_strategy  # noqa: E402
 from disco.replay.run import replay_many  # noqa: E402
 from disco.replay.tables import build_table  # noqa: E402
@@ -41,9 +40,17 @@ COSTS = CostModel(target=[(1, 100.0), (2, 104.0), (4, 112.0), (40, 300.0)], assi
 def gguf_tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-gguf")
     target, assistant = tiny_gguf.write_pair(folder)
-    pair = gguf_pair.load("tiny-gguf", target, assistant, tokenizer=build_tiny_tokenizer(), eos_ids=(1,))
+    pair = gguf_pair.load("tiny-gguf", target, assistant)  # the tokenizer is the one written into the target GGUF
     pair.warmup()
     return pair
+
+
+def test_the_tokenizer_read_from_the_gguf_is_the_tiny_pairs(gguf_tiny, tiny_pair):
+    assert gguf_tiny.eos_ids == tiny_pair.eos_ids
+    for prompt in PROMPTS:
+        for chat in (False, True):
+            assert gguf_tiny.encode(prompt, chat) == tiny_pair.encode(prompt, chat)
+    assert gguf_tiny.describe()["engine"] == "llamacpp" and gguf_tiny.exact
 
 
 def test_logits_are_the_torch_engines_on_the_same_weights(gguf_tiny, tiny_pair):
@@ -176,8 +183,8 @@ def gguf_small(tmp_path_factory):
 
     small = make_small_pair()
     folder = tmp_path_factory.mktemp("small-gguf")
-    target = tiny_gguf.write(small.target, folder / "target.gguf")
-    assistant = tiny_gguf.write(small.assistant, folder / "assistant.gguf")
+    target = tiny_gguf.write(small.target, folder / "target.gguf", vocab=False)
+    assistant = tiny_gguf.write(small.assistant, folder / "assistant.gguf", vocab=False)
     return gguf_pair.load("small-gguf", target, assistant, tokenizer=IdTokenizer(4), eos_ids=(1004,))
 
 
@@ -201,3 +208,25 @@ def test_speculative_sampling_keeps_the_target_distribution(gguf_small):
         accepted += sum(r.accepted for r in d.records)
     assert 0.2 < accepted / drafted < 0.9  # the rejection path is exercised
     assert p_value(counts, probs) > 1e-3
+
+
+def test_the_command_line_runs_a_gguf_pair_on_llama_cpp(gguf_tiny, tmp_path):
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    spec = f"{gguf_tiny.target_path}::{gguf_tiny.assistant_path}"
+    out = tmp_path / "trace.csv"
+    proc = subprocess.run([sys.executable, "-m", "disco", "generate", "--models", spec, "--prompt", "def f(x):",
+                           "--max-new-tokens", "12", "--strategy", "autoregressive", "--strategy", "pmin:0.3:4",
+                           "--strategy", "static:3@q4_0", "--csv", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    trace = pd.read_csv(out)
+    assert set(trace["engine"]) == {"llamacpp"} and set(trace["exact"]) == {True}
+    assert "yes" in proc.stdout and "MISMATCH" not in proc.stdout
+    for argv, needle in ((["--engine", "torch"], "llama.cpp engine"), (["--assistant-precision", "int8"], "torch engine"),
+                         (["--dtype", "bf16", "--engine", "llamacpp"], "--dtype bf16")):
+        bad = subprocess.run([sys.executable, "-m", "disco", "generate", "--models", spec, "--prompt", "x", *argv],
+                             capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
