@@ -8,8 +8,9 @@
 #   * llamafile's sgemm off: its rows depend on the batch size, and DISCO Lab's exact mode needs a verified row to
 #     equal the one-token row (disco/models/llama.py); measured no slower for the embedded pair;
 #   * no multimodal library (a quarter of the build, unused).
-# The same build also gives llama.cpp's own speculative example (llama-speculative-simple), the benchmark's timed
-# peer for this engine; it is linked against the wheel's libraries and kept beside the wheel.
+# The same build also gives llama.cpp's own programs that the benchmark times as this engine's peer: its speculative
+# example (llama-speculative-simple) and llama-bench (its plain decoding); they are linked against the wheel's
+# libraries and kept beside the wheel.
 #
 # Usage: scripts/llama-build.sh            (from scripts/setup.sh; DISCO_WHEELHOUSE sets where the wheel is kept)
 # Never fatal: where the build is not possible, one line says so and the torch engine still works.
@@ -20,13 +21,13 @@ version="${pin#llama-cpp-python==}"
 house="${DISCO_WHEELHOUSE:-${DISCO_CACHE:-$HOME/.cache/disco}/wheels}"
 py=.venv/bin/python
 pyver="$($py -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')"
-peer="$house/llama-speculative-simple-$version"
+peers="llama-speculative-simple llama-bench"
 
 say() { echo "setup: $*" >&2; }
 
 installed="$($py -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null)"
-if [ "$installed" = "$version" ] && { [ -x .venv/bin/llama-speculative-simple ] || [ ! -e "$peer" ]; }; then
-  exit 0  # installed (with the peer where it could be built)
+if [ "$installed" = "$version" ] && { [ -x .venv/bin/llama-bench ] || [ ! -e "$house/llama-bench-$version" ]; }; then
+  exit 0  # installed (with llama.cpp's own programs where they could be built)
 fi
 
 wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
@@ -54,19 +55,21 @@ if [ -z "$wheel" ]; then
     say "the llama-cpp-python build failed ($(grep -m1 -iE 'error' "$work/log" || tail -n 1 "$work/log")); the torch engine still works"
     exit 0
   fi
-  # llama.cpp's own speculative example from the same tree, against the same libraries (seconds, once built)
+  # llama.cpp's own programs from the same tree, against the same libraries (seconds, once built)
   b="$work/build"
+  l="$src/vendor/llama.cpp"
   objs="$(find "$b/vendor/llama.cpp/common/CMakeFiles/llama-common.dir" -name '*.o' | sort)"
-  if g++ -std=c++17 -O3 -DNDEBUG -DGGML_SHARED -DLLAMA_SHARED -DLLAMA_SUBPROCESS \
-       -I"$src/vendor/llama.cpp/common" -I"$src/vendor/llama.cpp/vendor" -I"$src/vendor/llama.cpp/include" \
-       -I"$src/vendor/llama.cpp/ggml/include" "$src/vendor/llama.cpp/examples/speculative-simple/speculative-simple.cpp" \
-       $objs "$b/vendor/llama.cpp/common/libllama-common-base.a" "$b/vendor/llama.cpp/vendor/cpp-httplib/libcpp-httplib.a" \
-       -L"$b/bin" -l:libllama.so.0 -l:libggml.so.0 -l:libggml-base.so.0 -lssl -lcrypto -pthread \
-       -Wl,-rpath,"\$ORIGIN/../lib/$pyver/site-packages/llama_cpp/lib" -o "$peer" >>"$work/log" 2>&1; then
-    :
-  else
-    say "llama.cpp's speculative example did not link (the benchmark's llama.cpp peer will be skipped)"
-  fi
+  link() {  # link NAME SOURCES...
+    local name="$1"; shift
+    g++ -std=c++17 -O3 -DNDEBUG -DGGML_SHARED -DLLAMA_SHARED -DLLAMA_SUBPROCESS \
+      -I"$l/common" -I"$l/vendor" -I"$l/include" -I"$l/ggml/include" -I"$l/tools/llama-bench" "$@" \
+      $objs "$b/vendor/llama.cpp/common/libllama-common-base.a" "$b/vendor/llama.cpp/vendor/cpp-httplib/libcpp-httplib.a" \
+      -L"$b/bin" -l:libllama.so.0 -l:libggml.so.0 -l:libggml-base.so.0 -lssl -lcrypto -pthread \
+      -Wl,-rpath,"\$ORIGIN/../lib/$pyver/site-packages/llama_cpp/lib" -o "$house/$name-$version" >>"$work/log" 2>&1 \
+      || say "llama.cpp's $name did not link (the benchmark's llama.cpp peer will lack it)"
+  }
+  link llama-speculative-simple "$l/examples/speculative-simple/speculative-simple.cpp"
+  link llama-bench "$l/tools/llama-bench/llama-bench.cpp" "$l/tools/llama-bench/main.cpp"
   cp "$work"/wheel/*.whl "$house"/
   wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl | head -n 1)"
   say "built $(basename "$wheel") in $((SECONDS - start)) s"
@@ -75,7 +78,7 @@ if ! $py -m pip install --quiet --disable-pip-version-check --force-reinstall --
    || ! $py -m pip install --quiet --disable-pip-version-check -r requirements-llamacpp.txt --find-links "$house" >/dev/null 2>&1; then
   say "could not install $(basename "$wheel"); the torch engine still works"; exit 0
 fi
-if [ -x "$peer" ]; then
-  cp "$peer" .venv/bin/llama-speculative-simple
-fi
+for name in $peers; do
+  if [ -x "$house/$name-$version" ]; then cp "$house/$name-$version" ".venv/bin/$name"; fi
+done
 exit 0

@@ -317,7 +317,7 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
             pair = get_pair
         decode = getattr(pair, "decode", None)
         with COMPUTE_LOCK:  # waits at most one chunk of the background profile
-            costs_for = profile_costs(get_profile) if any(p.needs_costs for p in lanes) else None
+            costs_for = profile_costs(get_profile) if any(p.needs_costs or p.reads_costs for p in lanes) else None
             yield from _race_updates(pair, prompt, lanes, settings, chat, should_stop, start, notes, decode,
                                      interval, plot_interval, holder, costs_for)
     except Interrupted:  # Stop while the oracle's reference was being computed: no iteration has run

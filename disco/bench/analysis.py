@@ -9,6 +9,7 @@ from typing import Iterable
 import pandas as pd
 
 from disco import theory
+from disco.bench.llama_peer import PREFIX as LLAMA_PREFIX
 from disco.bench.peer import PEER_PREFIX
 from disco.costs.model import CostModel
 from disco.policies import AUTOREGRESSIVE, REFERENCE as REFERENCE_SETTING, policy_kinds, spec_kind
@@ -28,7 +29,7 @@ def add_decode_speedup(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty or "decode_seconds" not in runs:
         return runs
     runs = runs.copy()
-    is_ar = runs["strategy"].isin([AUTOREGRESSIVE, PEER_PREFIX + AUTOREGRESSIVE])
+    is_ar = runs["strategy"].isin([AUTOREGRESSIVE, PEER_PREFIX + AUTOREGRESSIVE, LLAMA_PREFIX + AUTOREGRESSIVE])
     base = runs[is_ar].set_index(["mode", "implementation", "prompt_id"])["decode_seconds"]
     keys = list(zip(runs["mode"], runs["implementation"], runs["prompt_id"]))
     ar = pd.Series([base.get(k, math.nan) for k in keys], index=runs.index, dtype=float)
@@ -165,14 +166,20 @@ def validation_outcome(val: pd.DataFrame) -> dict:
 
 
 def peer_frame(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """Ours against transformers on the same settings (timed prompts only)."""
+    """Ours against the engine's peer on the same settings (timed prompts only): transformers' generate (whole calls)
+    or llama.cpp's own programs (the decode phase: its rate, as seconds for the same number of tokens)."""
     timed = runs[runs["mode"] == "timed"]
     rows = []
     for spec in timed.loc[timed["implementation"] == "ours", "strategy"].unique():
         ours = timed[(timed["strategy"] == spec) & (timed["implementation"] == "ours")]
         hf = timed[timed["strategy"] == PEER_PREFIX + spec]
-        if hf.empty:
-            continue
+        llama = hf.empty
+        if llama:
+            hf = timed[timed["strategy"] == LLAMA_PREFIX + spec]
+            if hf.empty:
+                continue
+            ours = ours.copy()  # the decode phase, at our decode rate, for the same number of tokens
+            ours["seconds"] = ours["new_tokens"] / pd.to_numeric(ours["decode_tokens_per_s"], errors="coerce")
         merged = ours.merge(hf, on="prompt_id", suffixes=("_ours", "_hf"))
         rows.append({
             "strategy": spec, "prompts": len(merged),
@@ -180,10 +187,15 @@ def peer_frame(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
             "ratio_ours_over_hf": float(merged["seconds_ours"].sum() / merged["seconds_hf"].sum()),
             "ratio_median_per_prompt": float((merged["seconds_ours"] / merged["seconds_hf"]).median()),
             "speedup_ours": geomean(merged["speedup_ours"]), "speedup_hf": geomean(merged["speedup_hf"]),
-            "same_text": bool(merged["same_as_ours_hf"].astype(bool).all()),
-            "equal_target_passes": bool((merged["target_passes_ours"] == merged["target_passes_hf"]).all()),
+            "peer": "llama.cpp" if llama else "transformers",
+            # llama-bench writes no text and llama.cpp's programs count no passes: None where nothing was compared
+            "same_text": (bool(merged["same_as_ours_hf"].dropna().astype(bool).all())
+                          if merged["same_as_ours_hf"].notna().any() else None),
+            "equal_target_passes": (bool((merged["target_passes_ours"] == merged["target_passes_hf"]).all())
+                                    if merged["target_passes_hf"].notna().all() else None),
             "target_passes_ours": int(merged["target_passes_ours"].sum()),
-            "target_passes_hf": int(merged["target_passes_hf"].sum()),
+            "target_passes_hf": (int(merged["target_passes_hf"].sum()) if merged["target_passes_hf"].notna().all()
+                                 else None),
             "overhead_pct_ours": float(pd.to_numeric(merged["overhead_pct_ours"], errors="coerce").mean()),
         })
     return pd.DataFrame(rows)

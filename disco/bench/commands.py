@@ -149,7 +149,8 @@ def cmd_bench(args) -> int:
                      f"passes; time error {v['time_error_pct_total']:+.1f}% total, per strategy within "
                      f"±{v['tolerance_pct']:.0f}%: {'yes' if v['time_ok'] else 'no'}")
     if meta.get("ours_over_hf_total") == meta.get("ours_over_hf_total"):
-        lines.append(f"ours / transformers seconds: {meta['ours_over_hf_total']:.3f}; "
+        peer = "llama.cpp" if meta.get("engine") == "llamacpp" else "transformers"
+        lines.append(f"ours / {peer} seconds: {meta['ours_over_hf_total']:.3f}; "
                      f"engine overhead {meta.get('overhead_pct_mean', math.nan):.2f}%")
     print("\n".join(lines))
     return 0

@@ -1,4 +1,5 @@
-"""Timed runs: our engine and, back to back, transformers' own assisted generation (the peer), interleaved."""
+"""Timed runs: our engine and, back to back, the engine's peer, interleaved: transformers' own assisted generation
+for the torch engine, llama.cpp's own programs for the llama.cpp engine (``disco.bench.llama_peer``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 import torch
 
+from disco.bench import llama_peer
 from disco.bench.runs import PEER_PREFIX, run_row
 from disco.bench.suite import BenchError, SuitePrompt
 from disco.decode.divergence import explain as explain_divergence
@@ -113,8 +115,31 @@ def warm_up(pair, prompt_ids: list[int]) -> None:
     short = list(prompt_ids)[:16] or [pair.eos_ids[0]]
     warm = Threshold(tau=0.4, k=5)
     run_ours(pair, short, warm, 4)
-    run_hf(pair, short, warm, 4)
-    run_hf(pair, short, Autoregressive(), 2)
+    if pair.engine == "torch":  # llama.cpp's programs are separate processes: nothing of theirs stays warm
+        run_hf(pair, short, warm, 4)
+        run_hf(pair, short, Autoregressive(), 2)
+
+
+def _llama_row(pair, prompt, spec, runs, measured, base, max_new_tokens, meta, prompt_tokens) -> dict:
+    """A llama.cpp peer row: its decode rate, as the seconds it would take for our ``max_new_tokens`` (its programs
+    report the decode phase apart from the prompt; ours is ``decode_seconds``)."""
+    rate = statistics.median(r["new_tokens"] / r["seconds"] for r in runs)
+    seconds = max_new_tokens / rate
+    ar = base["llama"]
+    ar_seconds = max_new_tokens / statistics.median(r["new_tokens"] / r["seconds"] for r in ar) if ar else math.nan
+    first = runs[0]
+    ours = measured.get(("ours", spec), [{}])[0]
+    ours_text = pair.decode(ours.get("output_ids", [])) if ours else ""
+    text = first.get("text")
+    same = None if text is None else bool(text.startswith(ours_text) or ours_text.startswith(text))
+    s = {"seconds": seconds, "new_tokens": first["new_tokens"], "ttft_ms": None, "iterations": math.nan,
+         "target_calls": math.nan, "draft_calls": math.nan, "drafted": first.get("drafted"),
+         "accepted": first.get("accepted"), "mean_lookahead": math.nan, "overhead_pct": math.nan,
+         "acceptance_rate": (first["accepted"] / first["drafted"]) if first.get("drafted") else math.nan,
+         "decode_seconds": seconds}
+    return run_row(prompt, llama_peer.PREFIX + spec, "timed", "llama.cpp", s, same, ar_seconds, meta,
+                   prompt_tokens=prompt_tokens, reps=len(runs), same_as_ours=same, decode_tokens_per_s=rate,
+                   peer_command=first.get("command", ""))
 
 
 def timed_prompt(pair, prompt: SuitePrompt, policies: list[Policy], max_new_tokens: int, meta: dict, reps: int = 1,
@@ -137,12 +162,20 @@ def timed_prompt(pair, prompt: SuitePrompt, policies: list[Policy], max_new_toke
                     measured.setdefault(("ours", spec), []).append(ours)
                     for r in ours["records"]:
                         records.append({"prompt_id": prompt.id, "rep": rep, **r.__dict__})
+                elif peer and pair.engine == "llamacpp":
+                    if llama_peer.has_peer(policy):
+                        run = (llama_peer.plain(pair, max_new_tokens) if policy.kind == AUTOREGRESSIVE
+                               else llama_peer.speculative(pair, ids, policy, max_new_tokens))
+                        measured.setdefault(("llama", spec), []).append(run)
                 elif peer and policy.hf_kwargs() is not None:
                     measured.setdefault(("hf", spec), []).append(run_hf(pair, ids, policy, max_new_tokens))
-    base = {impl: measured.get((impl, AUTOREGRESSIVE)) for impl in ("ours", "hf")}
+    base = {impl: measured.get((impl, AUTOREGRESSIVE)) for impl in ("ours", "hf", "llama")}
     truth = base["ours"][0]["output_ids"] if base["ours"] else reference
     rows = []
     for (impl, spec), runs in measured.items():
+        if impl == "llama":
+            rows.append(_llama_row(pair, prompt, spec, runs, measured, base, max_new_tokens, meta, len(ids)))
+            continue
         seconds = statistics.median(r["seconds"] if impl == "hf" else r["summary"]["seconds"] for r in runs)
         ar_runs = base[impl]
         ar_seconds = (statistics.median(r["seconds"] if impl == "hf" else r["summary"]["seconds"] for r in ar_runs)

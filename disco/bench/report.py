@@ -162,16 +162,20 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
                       ", ".join(f"{n} tok {ms:.0f}" for n, ms in sorted(t.items())) + "; assistant " +
                       ", ".join(f"{n} tok {ms:.0f}" for n, ms in sorted(a.items())) + "."]
     if peers is not None and not peers.empty:
-        parts += ["", "## Our engine against transformers' assisted generation (timed, same prompts and settings)", ""]
+        name = str(peers["peer"].iloc[0]) if "peer" in peers else "transformers"
+        what = ("transformers' assisted generation" if name == "transformers" else
+                "llama.cpp's own programs (llama-speculative-simple for `pmin` settings, llama-bench for plain "
+                "decoding; decode phase, with llama.cpp's default kernels)")
+        parts += ["", f"## Our engine against {what} (timed, same prompts and settings)", ""]
         rows = [[f"`{r.strategy}`", r.prompts, _fmt(r.seconds_ours, ".1f"), _fmt(r.seconds_hf, ".1f"),
                  _fmt(r.ratio_ours_over_hf, ".3f"), _fmt(r.ratio_median_per_prompt, ".3f"), _fmt(r.speedup_ours), _fmt(r.speedup_hf), _fmt(r.same_text),
-                 _fmt(r.equal_target_passes), f"{r.target_passes_ours} / {r.target_passes_hf}",
+                 _fmt(r.equal_target_passes), f"{r.target_passes_ours} / {_fmt(r.target_passes_hf, 'd')}",
                  _fmt(r.overhead_pct_ours, ".1f")] for r in peers.itertuples()]
-        parts.append(_md_table(["strategy", "prompts", "ours s", "hf s", "ours / hf", "median per prompt",
-                                "speed-up ours", "speed-up hf",
-                                "same text", "equal target passes", "target passes ours / hf", "overhead % (ours)"], rows))
+        parts.append(_md_table(["strategy", "prompts", "ours s", "peer s", "ours / peer", "median per prompt",
+                                "speed-up ours", "speed-up peer",
+                                "same text", "equal target passes", "target passes ours / peer", "overhead % (ours)"], rows))
         total = peers["seconds_ours"].sum() / peers["seconds_hf"].sum()
-        parts += ["", f"Total seconds ours / transformers over all timed settings: **{total:.3f}** "
+        parts += ["", f"Total seconds ours / {name} over all timed settings: **{total:.3f}** "
                       f"(speculative settings only: {_fmt(meta.get('ours_over_hf_speculative'), '.3f')}; goal ≤ 1.0). "
                       f"Speed-ups are against each implementation's own autoregressive run. Engine overhead (time outside the two models' forward passes) averages "
                       f"{_fmt(meta.get('overhead_pct_mean'), '.2f')} % of iteration time (goal < 5 %)."]

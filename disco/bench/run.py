@@ -86,11 +86,17 @@ def _progress(iterable, total: int, desc: str, enabled: bool):
 ADAPTIVE_REFERENCE = "adaptive:0.4:20"  # transformers' default once scikit-learn is installed (an hf:adaptive peer)
 
 
-def default_timed_policies(best: dict) -> list[Policy]:
+LLAMA_REFERENCE = "pmin:0.4:3"  # llama.cpp's --spec-draft-n-max default (3), with the p-min its docs use
+
+
+def default_timed_policies(best: dict, engine: str = "torch") -> list[Policy]:
     """The target alone, the replay's best static K and best threshold, and transformers' defaults (fixed and
-    adaptive): the specs come from the replay's summary, so they are parsed here, once."""
+    adaptive); on llama.cpp also its own rule (the replay's best ``pmin`` and ``pmin:0.4:3``), which its own
+    speculative example times as the peer. The specs come from the replay's summary, so they are parsed here, once."""
     specs = [AUTOREGRESSIVE, best.get("best_static") or "static:5", best.get("best_threshold"), REFERENCE_SETTING,
              ADAPTIVE_REFERENCE]
+    if engine == "llamacpp":
+        specs += [best.get("best_pmin"), LLAMA_REFERENCE]
     return [parse_strategy(s) for s in dict.fromkeys(s for s in specs if s)]
 
 
@@ -146,7 +152,7 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
         theory = theory_frame(meta["alpha"], costs.cost_ratio, costs, summary)
 
     if cfg.mode in ("timed", "both"):
-        timed_specs = with_baseline(cfg.timed_policies or default_timed_policies(meta.get("best", {})))
+        timed_specs = with_baseline(cfg.timed_policies or default_timed_policies(meta.get("best", {}), pair.engine))
         timed_prompts = pick_prompts(prompts, cfg.timed_prompts)
         meta["timed_strategies"] = [p.spec for p in timed_specs]
         meta["prompts_timed"] = len(timed_prompts)

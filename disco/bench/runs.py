@@ -103,6 +103,7 @@ def run_row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, 
         "overhead_pct": s.get("overhead_pct", math.nan),
         "ttft_seconds": s["ttft_ms"] / 1000.0 if s.get("ttft_ms") is not None else math.nan,
         "decode_seconds": s.get("decode_seconds", math.nan),
+        "decode_tokens_per_s": s.get("decode_tokens_per_s", math.nan),
     }
     row.update(extra)
     for key in ("models", "engine", "dtype", "device", "assistant_precision", "torch", "transformers", "llama_cpp",

@@ -132,7 +132,7 @@ def _with_meta(frame: pd.DataFrame, meta: dict) -> pd.DataFrame:
 def lane_costs(pair, policy: Policy, prompt_ids: list[int], costs_for: Callable | None = None):
     """The cost model a lane's policy reads (only the cost-aware one does): ``costs_for(assistant_precision)`` when
     the caller knows this machine's profile (the app), else this pair's measured costs, calibrated once if needed."""
-    if not policy.needs_costs:
+    if not (policy.needs_costs or policy.reads_costs):
         return None
     model = costs_for(pair.assistant_precision) if costs_for is not None else None
     if model is None:

@@ -138,7 +138,8 @@ class Policy:
     uses_assistant: ClassVar[bool] = True
     greedy_only: ClassVar[bool] = False
     probes_verification: ClassVar[bool] = False  # the oracle only (see Oracle)
-    needs_costs: ClassVar[bool] = False          # reads the run's cost profile (RunContext.costs)
+    needs_costs: ClassVar[bool] = False          # cannot run without the run's cost profile (RunContext.costs)
+    reads_costs: ClassVar[bool] = False          # uses the cost profile when the run has one (and runs without)
     in_default_grid: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):

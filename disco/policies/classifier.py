@@ -7,6 +7,12 @@ regression (scikit-learn, trained by ``python -m disco train``) over the ``Draft
 the label of a step is "the next drafted token would be accepted too" (it and every draft before it equal
 the target's greedy continuation), read from the replay tables. The weights and the threshold live in a
 JSON file (never a pickle): ``assets/disco-classifier.json`` by default, or ``DISCO_CLASSIFIER``.
+
+Where to stop comes from the run's cost profile when it has one (the machine's, ``flat:C`` in replay): the score
+estimates the probability that drafting one more token adds an output token, which pays while it exceeds that
+token's marginal cost in target steps (one assistant step plus one more verified token; the cost-aware rule's
+derivation, ``disco.policies.costaware``). A stop threshold tuned on one machine's costs therefore never travels
+to another; the file's threshold is used only by runs that know no costs.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 
 from disco.policies.base import KMAX, DraftStep, Policy, StrategyError
 from disco.policies.classic import DEFAULT_MAX_LOOKAHEAD
+from disco.policies.costaware import marginal_costs
 
 FEATURES = ("prob", "entropy", "margin", "index", "log_cumulative")
 WEIGHTS_FORMAT = 1
@@ -120,6 +127,7 @@ class Disco(Policy):
     color = "#882255"  # wine
     canonical = "disco:20"
     cite = "Mamou et al. 2024, DISCO (arXiv 2405.04304)"
+    reads_costs = True
 
     def __init__(self, spec: str | None = None, weights: ClassifierWeights | None = None, **values):
         # a missing or malformed file is a StrategyError when the spec is parsed
@@ -134,9 +142,25 @@ class Disco(Policy):
             return str(exc)
         return None
 
+    def reset(self) -> None:
+        super().reset()
+        costs = self.context.costs
+        self.marginal: list[float] | None = marginal_costs(costs, self.k) if costs is not None else None
+
     @property
     def threshold(self) -> float:
-        return self.weights.threshold
+        """The bar the first stop decision holds the score to: the second token's marginal cost with a cost
+        profile, else the file's threshold."""
+        return self.marginal[1] if self.marginal else self.weights.threshold
+
+    def budget(self) -> int:
+        if self.marginal and self.marginal[0] >= 1.0:
+            return 0  # not even a sure first draft pays for itself here (as for costaware)
+        return self.k
 
     def stop_after(self, step: DraftStep) -> bool:
-        return self.weights.score(step_features(step)) < self.weights.threshold
+        score = self.weights.score(step_features(step))
+        if self.marginal is None:
+            return score < self.weights.threshold
+        nxt = step.index + 1  # the token drafting on would add
+        return score <= self.marginal[min(nxt, len(self.marginal) - 1)]

@@ -20,6 +20,14 @@ from disco.policies.base import KMAX, DraftStep, Policy, StrategyError
 from disco.policies.classic import DEFAULT_MAX_LOOKAHEAD
 
 
+def marginal_costs(costs, k: int) -> list[float]:
+    """``marginal[j]``: what drafting token j+1 (0-based j) of an iteration costs, in target steps: one assistant step
+    plus the extra verification of one more token (the target is fed 1 + drafts)."""
+    step = costs.target_ms(1)
+    c = costs.assistant_ms(1) / step
+    return [c + (costs.target_ms(j + 2) - costs.target_ms(j + 1)) / step for j in range(k + 1)]
+
+
 class CostAware(Policy):
     kind = "costaware"
     summary = "draft while P(this and every earlier draft accepted) > the next token's cost (cost profile)"
@@ -32,12 +40,8 @@ class CostAware(Policy):
     def reset(self) -> None:
         super().reset()
         self.marginal: list[float] = []  # marginal[j]: cost of drafting token j+1 (0-based j), in target steps
-        costs = self.context.costs
-        if costs is None:
-            return
-        step = costs.target_ms(1)
-        c = costs.assistant_ms(1) / step
-        self.marginal = [c + (costs.target_ms(j + 2) - costs.target_ms(j + 1)) / step for j in range(self.k + 1)]
+        if self.context.costs is not None:
+            self.marginal = marginal_costs(self.context.costs, self.k)
 
     def bind(self, context) -> None:
         if context.costs is None:

@@ -146,6 +146,55 @@ def test_disco_scores_the_step_features_with_its_weights(tmp_path):
     assert ClassifierWeights.load(path).to_dict() == w.to_dict()
 
 
+def test_disco_stops_where_the_predicted_gain_no_longer_pays_the_runs_costs():
+    """With a cost profile the stop bar is the next token's marginal cost (c + v_{j+1}, as for costaware), not the
+    threshold tuned on another machine; without one, the file's threshold."""
+    w = ClassifierWeights([0] * 5, [1] * 5, [4.0, 0, 0, 0, 0], -2.0, 0.9)  # score = sigmoid(4 p - 2)
+    a = steps(0.6)[0]  # score 0.599
+    gpu = parse_strategy("disco:8")
+    gpu.weights = w
+    gpu.bind(RunContext(costs=flat(0.05)))  # a cheap draft, free verification: the bar is 0.05
+    assert gpu.threshold == pytest.approx(0.05) and not gpu.stop_after(a) and gpu.budget() == 8
+    pricey = parse_strategy("disco:8")
+    pricey.weights = w
+    pricey.bind(RunContext(costs=flat(0.7)))  # each further draft costs 0.7 of a step: 0.599 does not pay it
+    assert pricey.stop_after(a)
+    cpu = parse_strategy("disco:8")
+    cpu.weights = w
+    cpu.bind(RunContext(costs=CostModel(target=[(1, 100.0), (2, 190.0)], assistant=[(1, 20.0)])))
+    assert cpu.budget() == 0  # c + v_1 = 1.1: not even a sure first draft pays here
+    plain = parse_strategy("disco:8")
+    plain.weights = w
+    plain.bind(RunContext())  # no costs known: the trained threshold (0.9)
+    assert plain.threshold == 0.9 and plain.stop_after(a)
+
+
+def test_pmin_is_llama_cpps_rule_on_hand_made_draft_steps():
+    """llama.cpp's p-min reads the probability renormalized over the draft's top-10 mass, drops (does not send) the
+    token that fails it, and sends nothing when the draft is shorter than n-min."""
+    policy = parse_strategy("pmin:0.5:3:2")
+    assert (policy.p, policy.k, policy.n_min) == (0.5, 3, 2) and policy.budget() == 3
+    assert not policy.drop(DraftStep.first(0, 7, 0.3, top10=0.5))  # 0.3 / 0.5 = 0.6 >= 0.5: kept (plain prob 0.3)
+    assert policy.drop(DraftStep.first(0, 7, 0.3, top10=0.9))  # 0.33 < 0.5: dropped, never verified
+    assert policy.keep(steps(0.9)) == 0 and policy.keep(steps(0.9, 0.9)) == 2  # shorter than n-min: not sent
+    assert parse_strategy("pmin:0.4").k == 3 and parse_strategy("pmin:0.4").n_min == 0  # llama.cpp's defaults
+    assert policy.llama_args() == ["--spec-type", "draft-simple", "--spec-draft-p-min", "0.5", "--spec-draft-n-max",
+                                   "3", "--spec-draft-n-min", "2"]
+    with pytest.raises(StrategyError):
+        parse_strategy("pmin:1.5")
+
+
+def test_pmin_drops_in_the_core_and_discards_short_drafts(tiny_pair):
+    """Through the iteration core: a failing token costs its pass but is not verified; a short draft is not sent."""
+    final = run_all(tiny_pair, "def fibonacci(n):", ["autoregressive", "pmin:0.7:6", "pmin:0.0:4:5"],
+                    DecodeSettings(max_new_tokens=24))
+    base, strict, short = final.decoders
+    assert strict.output_ids == base.output_ids == short.output_ids
+    assert all(r.draft_calls >= r.lookahead for r in strict.records)
+    assert any(r.draft_calls > r.lookahead and r.stop_reason == "confidence" for r in strict.records)
+    assert all(r.lookahead == 0 and r.stop_reason == "short" for r in short.records if r.draft_calls)
+
+
 @pytest.mark.parametrize("content,message", [
     ("{", "cannot read"), ('{"format": 1}', "malformed"), ("[]", "malformed"),
     ('{"format": 1, "features": ["prob"], "mean": [0], "scale": [1], "coef": [1], "intercept": 0, "threshold": 0.5}',

@@ -1,0 +1,85 @@
+"""llama.cpp's own programs as the timed peer of the llama.cpp engine (transformers' ``generate`` is the torch one):
+``llama-speculative-simple`` (its draft-model speculative decoding) for the settings it has (``pmin`` lanes:
+``--spec-draft-p-min / n-max / n-min``), and ``llama-bench`` for its plain decoding (the ``autoregressive``
+lane). Both are built by ``scripts/llama-build.sh`` from the same vendored tree as the wheel and linked against
+its libraries, so the kernels are the same; they run with llama.cpp's own defaults (weight repacking, its tiled
+matmul, flash attention auto), which is what a llama.cpp user gets.
+
+What is compared: the decode phase (llama-bench's ``tg`` test has no prompt; the example reports its prompt's
+encoding apart), so the ``seconds`` of a peer row are decode seconds and our side of the comparison uses our
+``decode_seconds`` (iteration 1, the prefill, excluded). The example's text is compared with ours over the tokens
+both produced (it generates a few more than asked: its loop stops once it has more than ``-n``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from disco.models import llama
+from disco.policies import Autoregressive, Policy
+
+PREFIX = "llama:"
+BIN_ENV = "DISCO_LLAMA_BIN"  # a folder holding llama-speculative-simple and llama-bench (default: the venv's bin)
+
+
+def binary(name: str) -> Path | None:
+    folder = Path(os.environ.get(BIN_ENV) or Path(sys.prefix) / "bin")
+    path = folder / name
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def has_peer(policy: Policy) -> bool:
+    """Whether llama.cpp has this setting (so it can be timed as the peer)."""
+    if isinstance(policy, Autoregressive):
+        return binary("llama-bench") is not None
+    return hasattr(policy, "llama_args") and binary("llama-speculative-simple") is not None
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.pop("GGML_CPU_TILED_MM", None)  # llama.cpp's defaults, not our exact mode
+    return env
+
+
+def plain(pair, max_new_tokens: int, reps: int = 1) -> dict:
+    """llama.cpp's plain decoding of the target: ``llama-bench -p 0 -n N`` (tokens per second of generation)."""
+    cmd = [str(binary("llama-bench")), "-m", str(pair.target_path), "-p", "0", "-n", str(max_new_tokens),
+           "-t", str(llama.threads()), "-r", str(max(1, reps)), "-o", "csv"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-bench failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    header, row = lines[0].split(","), lines[-1].split(",")
+    values = dict(zip((h.strip('"') for h in header), (v.strip('"') for v in row)))
+    tps = float(values["avg_ts"])
+    return {"seconds": max_new_tokens / tps, "tokens_per_s": tps, "new_tokens": max_new_tokens, "text": None,
+            "command": " ".join(cmd)}
+
+
+STAT = re.compile(r"\b(n_draft|n_predict|n_drafted|n_accept)\s*=\s*(\d+)")
+DECODED = re.compile(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds")
+
+
+def speculative(pair, prompt_ids: list[int], policy: Policy, max_new_tokens: int) -> dict:
+    """llama.cpp's speculative example on the same pair and setting, greedy (``--temp 0 --top-k 1``)."""
+    prompt = pair.tokenizer.decode(prompt_ids, skip_special_tokens=False)  # llama.cpp tokenizes it back (same ids)
+    assistant = getattr(pair.assistant_model, "path", pair.assistant_path)
+    cmd = [str(binary("llama-speculative-simple")), "-m", str(pair.target_path), "-md", str(assistant),
+           *policy.llama_args(), "-p", prompt, "-n", str(max_new_tokens), "-t", str(llama.threads()),
+           "-c", str(pair.context_length), "--temp", "0", "--top-k", "1", "--seed", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-speculative-simple failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    stats = {k: int(v) for k, v in STAT.findall(proc.stderr)}
+    decoded = DECODED.search(proc.stderr)
+    if decoded is None or "n_predict" not in stats:
+        raise RuntimeError("llama-speculative-simple printed no statistics")
+    text = proc.stdout.split("\n\n", 1)[-1] if "\n\n" in proc.stdout else proc.stdout
+    if text.startswith(prompt):
+        text = text[len(prompt):]
+    return {"seconds": float(decoded.group(2)), "new_tokens": stats["n_predict"], "drafted": stats.get("n_drafted"),
+            "accepted": stats.get("n_accept"), "text": text.rstrip("\n"), "command": " ".join(cmd)}
