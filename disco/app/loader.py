@@ -82,6 +82,8 @@ class ModelLoader:
                 if self.profile is None:
                     def step(message: str) -> None:
                         self.profile_step = message
+                    # a quick first look (about a minute on llama.cpp), shown while the full profile is measured
+                    self.profile = machine_profile.measure(self.pair, self.spec, log=step, lock=COMPUTE_LOCK, quick=True)
                     self.profile = machine_profile.measure(self.pair, self.spec, log=step, lock=COMPUTE_LOCK)
                     profile.save(self.profile)
                 rec = self.profile.recommended

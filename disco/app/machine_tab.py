@@ -37,8 +37,11 @@ def markdown(profile: dict | None, calibration: dict | None, step: str | None, e
             parts.append(f"○ Measuring this machine's cost profile in the background ({html.escape(step or '')}). "
                          "Runs take turns with it, so a Run may wait a second or two. It is measured once and cached.")
         return "\n\n".join(parts)
+    if profile.get("preliminary"):
+        parts.append(f"○ **A quick first look** (fewer pass sizes, one timing each, one prompt); the full profile is "
+                     f"being measured in the background ({html.escape(step or 'queued')}) and replaces it.")
     t = {int(n): v for n, v in profile["target_ms"].items()}
-    verify = ", ".join(f"{n - 1} drafts {t[n] / t[1]:.2f}×" for n in (5, 9, 21, 33) if n in t)
+    verify = ", ".join(f"{n - 1} drafts {t[n] / t[1]:.2f}×" for n in (5, 9, 17, 21, 33) if n in t)
     parts.append(f"**Verification:** a target pass over 1 token costs {t[1]:.0f} ms; verifying {verify} that. "
                  "Speculation pays only while verifying K drafts costs about one target step (flat) and a draft step "
                  "is cheap (small c).")

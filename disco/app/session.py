@@ -11,8 +11,7 @@ from typing import Callable
 
 import gradio as gr
 
-# the race, the sweep and the background profile take turns on the CPU (timings would spoil each other)
-COMPUTE_LOCK = threading.Lock()
+from disco.models.pair import COMPUTE_LOCK  # noqa: F401 - the race, the sweep and the background profile take turns
 
 
 STOP_LABEL = "■ Stop"

@@ -35,6 +35,7 @@ from disco.replay.run import replay_many
 from disco.replay.tables import build_table
 
 VERIFY_SIZES = tuple(range(1, 34))
+QUICK_SIZES = (1, 2, 3, 4, 6, 9, 13, 17, 21)  # a first figure in about a minute, refined by VERIFY_SIZES
 ASSISTANT_SIZES = (1, 2, 3)
 
 
@@ -52,12 +53,17 @@ def suite_prompts(ids=DEFAULT_PROMPTS):
 
 
 def measure(pair, models: str, prompts=DEFAULT_PROMPTS, max_new_tokens: int = DEFAULT_TOKENS, reps: int = 3,
-            precisions=None, table_dir: Path | None = None, log=None, lock=None, should_stop=None) -> Profile:
+            precisions=None, table_dir: Path | None = None, log=None, lock=None, should_stop=None,
+            quick: bool = False) -> Profile:
     """Measure the profile (see the module doc). ``lock`` (a context manager) is held around each chunk of
     work and released between them, so a user's run waits at most one chunk; ``should_stop`` is polled between
     chunks (raises ``disco.errors.Interrupted``). Tables go to ``table_dir`` (default: the one cache), where
-    the Sweep tab and the benchmark find them."""
+    the Sweep tab and the benchmark find them. ``quick``: a preliminary profile first (fewer pass sizes, one
+    timing each, the first prompt only), so the app shows a figure within minutes before the full one."""
     start = time.perf_counter()
+    sizes = QUICK_SIZES if quick else VERIFY_SIZES
+    if quick:
+        prompts, reps = tuple(prompts)[:1], 1
     say = log or (lambda _msg: None)
     guard = lock if lock is not None else contextlib.nullcontext()
     if precisions is None:
@@ -71,17 +77,17 @@ def measure(pair, models: str, prompts=DEFAULT_PROMPTS, max_new_tokens: int = DE
     chosen = suite_prompts(prompts)
     encoded = {p.id: encode_prompt(pair, p.prompt, p.chat, max_new_tokens) for p in chosen}
     lengths = sorted(len(v) for v in encoded.values())
-    prefill_sizes = sorted({max(len(VERIFY_SIZES) + 1, lengths[0]), lengths[-1] + max(KMAXES) + 1})
+    prefill_sizes = sorted({max(max(sizes) + 1, lengths[0]), lengths[-1] + max(KMAXES) + 1})
     ctx = numerics.context_ids(pair)
     views = {p: pair.with_assistant(p) for p in precisions}
     with chunk():
         for view in views.values():
             view.warmup()
-        say(f"target: a pass over 1..{len(VERIFY_SIZES)} tokens, {reps} times each ...")
+        say(f"target: a pass over 1..{max(sizes)} tokens, {reps} times each{' (a quick first look)' if quick else ''} ...")
     target_ms: dict[int, float] = {}
-    for lo in range(0, len(VERIFY_SIZES), 4):  # four sizes per chunk: a queued run waits ~2 s at most
+    for lo in range(0, len(sizes), 4):  # four sizes per chunk: a queued run waits ~2 s at most
         with chunk():
-            target_ms.update(pass_costs(lambda: pair.session("target"), ctx, VERIFY_SIZES[lo:lo + 4], reps))
+            target_ms.update(pass_costs(lambda: pair.session("target"), ctx, sizes[lo:lo + 4], reps))
     longest = max(encoded.values(), key=len)
     with chunk():
         target_prefill = prefill_costs(lambda: pair.session("target"), longest, prefill_sizes, reps)
@@ -116,6 +122,7 @@ def measure(pair, models: str, prompts=DEFAULT_PROMPTS, max_new_tokens: int = DE
         profile.acceptance[p] = hits / total if total else math.nan
         profile.replay[p] = {s: geomean(vs) for s, vs in speedups.items() if vs}
     profile.recommended = profile.recommend()
+    profile.preliminary = quick
     profile.seconds = time.perf_counter() - start
     profile.measured_at = time.strftime("%Y-%m-%d %H:%M:%S")
     return profile

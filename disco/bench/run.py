@@ -39,7 +39,7 @@ from disco.bench.suite import BenchError, DEFAULT_SUITE, SuitePrompt, filter_pro
 from disco.costs import measure as cost_measure, model as cost_mod
 from disco.costs.model import CostModel
 from disco.models import load_pair, resolve_assistant
-from disco.models.pair import encode_prompt
+from disco.models.pair import COMPUTE_LOCK, encode_prompt
 from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
 from disco.policies.grids import default_grid, with_baseline
 from disco.replay.run import replay_many
@@ -118,6 +118,12 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
             return result
     pair = resolve_assistant(pair or load_pair(cfg.models, dtype=cfg.dtype, device=cfg.device, engine=cfg.engine),
                              cfg.assistant_precision, log=_log)
+    with COMPUTE_LOCK:  # the models are this benchmark's alone while it runs (an app in this process waits)
+        return _run_loaded(cfg, pair, prompts, specs, profile_name, wall)
+
+
+def _run_loaded(cfg: BenchConfig, pair, prompts: list[SuitePrompt], specs: list[Policy], profile_name: str,
+                wall: float) -> dict:
     meta = environment(pair)
     meta.update(command=cfg.command, suite=str(cfg.suite or DEFAULT_SUITE.name), max_new_tokens=cfg.max_new_tokens,
                 mode=cfg.mode, grid_size=len(specs), time_tolerance_pct=100 * TIME_TOLERANCE)

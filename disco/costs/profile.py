@@ -57,6 +57,7 @@ class Profile:
     seconds: float = 0.0
     measured_at: str = ""
     format: int = FORMAT
+    preliminary: bool = False  # a quick first measurement (fewer sizes, one prompt), refined by a full one
 
     # -- derived numbers (pure) -------------------------------------------------------------------
 
@@ -147,7 +148,7 @@ class Profile:
             replay={p: {s: float(v) for s, v in d.items()} for p, d in data.get("replay", {}).items()},
             prompts=list(data.get("prompts", [])), max_new_tokens=int(data.get("max_new_tokens", DEFAULT_TOKENS)),
             recommended=dict(data.get("recommended", {})), seconds=float(data.get("seconds", 0.0)),
-            measured_at=data.get("measured_at", ""),
+            measured_at=data.get("measured_at", ""), preliminary=bool(data.get("preliminary", False)),
         )
         if prof.replay:  # the recommendation follows from the measurements: re-derive it (the rule may have changed)
             prof.recommended = prof.recommend()

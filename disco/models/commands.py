@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import sys
 
+import os
+
 from disco import cache, options
 from disco.models import embedded
-from disco.models.load import HUB_PAIR
+from disco.models.load import EMBEDDED, HUB_PAIR, resolve_engine
 
 
 def _log(message: str) -> None:
@@ -16,7 +18,11 @@ def _log(message: str) -> None:
 def add_commands(sub) -> None:
     p = sub.add_parser("models", help="prepare or list the model presets")
     msub = p.add_subparsers(dest="models_cmd", required=True, parser_class=options.Parser)
-    prep = msub.add_parser("prepare", help="join, verify and convert the embedded pair into the cache (once)")
+    prep = msub.add_parser("prepare", help="prepare the embedded pair in the cache (once): join and verify its GGUF "
+                                           "files, and for the torch engine convert them to bf16")
+    prep.add_argument("--engine", choices=["auto", "torch", "llamacpp", "all"], default=os.environ.get("DISCO_ENGINE") or "auto",
+                      help="which engine to prepare for: auto (the one `auto` picks here), torch (also the bf16 "
+                           "conversion, ~2.5 minutes and ~10 GiB of RAM once), llamacpp (the GGUF files only), or all")
     prep.set_defaults(func=cmd_models_prepare)
     lst = msub.add_parser("list", help="show the presets and whether each is ready")
     lst.set_defaults(func=cmd_models_list)
@@ -31,12 +37,15 @@ def _human(n: int) -> str:
 
 
 def cmd_models_prepare(args) -> int:
-    folders = embedded.prepare(progress=True, log=_log)
+    engine = args.engine if args.engine == "all" else resolve_engine(args.engine, EMBEDDED)
+    places = {f"{role} (GGUF)": path for role, path in embedded.prepare_gguf(progress=True, log=_log).items()}
+    if engine in ("torch", "all"):
+        places.update({f"{role} (bf16)": path for role, path in embedded.prepare(progress=True, log=_log).items()})
     total = 0
-    for role, folder in folders.items():
-        size = embedded.dir_size(folder)
+    for name, place in places.items():
+        size = embedded.dir_size(place)
         total += size
-        print(f"{role:9s} {folder}  {_human(size)}")
+        print(f"{name:18s} {place}  {_human(size)}")
     print(f"cache: {cache.root()}  total {_human(total)}")
     return 0
 

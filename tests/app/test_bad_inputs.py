@@ -253,13 +253,16 @@ def _raw_call(url: str, endpoint: str, data: list) -> str:
 
 def test_raw_http_inputs_gradio_client_cannot_send(client):
     _, url = client
-    full = ["abc", "static", "threshold", 5, 0.4, 20, 4, True, False, False, 1.0, 1.0, 0, "default", "default"]
+    full = ["abc", "static", "threshold", 5, 0.4, 20, 4, True, False, False, 1.0, 1.0, 0, "default", "default",
+            "default"]
     stream = _raw_call(url, "compare", [SURROGATE, *full[1:]])
     assert "event: error" in stream and "not valid text" in stream and "Traceback" not in stream, stream
     stream = _raw_call(url, "compare", [*full[:12], None, *full[13:]])
     assert "event: complete" in stream, stream  # a null seed is the default seed
     stream = _raw_call(url, "compare", [*full[:12], "NaN", *full[13:]])
     assert "event: error" in stream and "seed must be a whole number" in stream, stream
+    stream = _raw_call(url, "compare", [*full[:15], "vulkan"])
+    assert "event: error" in stream and "unknown engine" in stream and "Traceback" not in stream, stream
     stream = _raw_call(url, "compare", [*full[:12], str(2**63 - 1), *full[13:]])
     assert "event: complete" in stream, stream  # the top of the range, exact
     stream = _raw_call(url, "compare", [{"not": "text"}, *full[1:]])

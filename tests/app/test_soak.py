@@ -78,7 +78,7 @@ def test_a_client_that_goes_away_frees_the_queue(url):
     import httpx
 
     long = ["Once upon a time", "static:32", "threshold:0:32", 5, 0.4, 32, 512, True, False, False, 1.0, 1.0, 0,
-            "default", "default"]
+            "default", "default", "default"]
     short = ["abc", *long[1:6], 4, *long[7:]]
     with httpx.Client(timeout=600) as http:
         def call(data):

@@ -91,7 +91,7 @@ def test_summary_files(quick):
     assert "hf:threshold:0.4:20" in set(summary["strategy"])
     md = (quick / "summary.md").read_text()
     for text in ("best static K", "threshold:0.4:20", "oracle", "Theory beside measurement", "transformers",
-                 "ours / hf", "Validation", "scikit-learn installed: yes", "heatmap.svg"):
+                 "ours / transformers", "Validation", "scikit-learn installed: yes", "heatmap.svg"):
         assert text in md, text
     theory = pd.read_csv(quick / "theory.csv")
     assert 0 < theory["alpha"].iloc[0] <= 1 and theory["c"].iloc[0] > 0

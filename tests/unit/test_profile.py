@@ -106,3 +106,12 @@ def test_lock_and_stop_are_honoured(tiny_pair):
         profile.measure(tiny_pair, "tiny", prompts=("code-complete-fib",), max_new_tokens=4, reps=1, lock=Lock(),
                         should_stop=lambda: next(calls) >= 3)
     assert len(entered) == 3
+
+
+def test_a_quick_first_look_comes_before_the_full_profile(tiny_pair):
+    quick = profile.measure(tiny_pair, "tiny", prompts=("code-complete-fib", "explain-kv-cache"), max_new_tokens=8,
+                            quick=True)
+    assert quick.preliminary and sorted(quick.target_ms) == list(profile.QUICK_SIZES)
+    assert quick.prompts == ["code-complete-fib"] and "auto" in quick.recommended  # already a usable recommendation
+    assert "quick first look" in __import__("disco.app.machine_tab", fromlist=["markdown"]).markdown(
+        quick.to_dict(), None, "target: ...", None, None)
