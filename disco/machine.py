@@ -1,5 +1,6 @@
 """This machine, as far as it changes a measurement: the CPU and the flags that decide its kernels, the library
-versions and thread count. Every cached measurement is keyed by it; every figure we print names it."""
+versions and thread count. Every figure we print names it; every cached measurement is keyed by it
+(``disco.models.keys.machine_key`` adds the engine's own version and settings to what this module reads)."""
 
 from __future__ import annotations
 
@@ -32,28 +33,16 @@ def cpu_info() -> dict:
     return {"cpu": model, "flags": sorted(f for f in FLAGS if f in flags)}
 
 
-def machine_key(models: str, device, engine: str = "torch") -> dict:
-    """Everything that changes which numerics are fastest; a measurement is reused only for an equal key. For the
-    llama.cpp engine: its version, its threads and whether its exact (batch-invariant) kernels are on."""
-    import torch
-
-    info = cpu_info()
-    key = {"format": KEY_FORMAT, "models": models, "device": str(device), "cpu": info["cpu"], "flags": info["flags"],
-           "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""), "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "machine": platform.machine()}
-    if engine != "torch":  # torch keys stay as they were before there was a second engine
-        from disco.models import llama
-
-        key.update(engine=engine, llama_cpp=llama.version(), threads=llama.threads(), exact=llama.exact_mode())
-    return key
-
-
 def key_hash(key) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def flags_line(key: dict | None = None) -> str:
     """One line naming the CPU and its relevant flags, for every figure we print."""
-    key = key or machine_key("-", "cpu")
+    if key is None:
+        import torch
+
+        key = {**cpu_info(), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
+               "threads": torch.get_num_threads()}
     isa = f"; ONEDNN_MAX_CPU_ISA={key['onednn_max_cpu_isa']}" if key.get("onednn_max_cpu_isa") else ""
     return f"{key['cpu']} ({', '.join(key['flags']) or 'no listed flags'}{isa}; {key['threads']} threads)"

@@ -15,7 +15,8 @@ from disco.app import machine_tab, plots
 from disco.app.session import COMPUTE_LOCK
 from disco.bench import machine_profile
 from disco.costs import profile
-from disco.models import ModelLoadError, load_pair, resolve_assistant
+from disco.errors import Interrupted
+from disco.models import ModelLoadError, background, load_pair, resolve_assistant
 from disco.models.load import resolve_engine
 
 log = logging.getLogger("disco.app")
@@ -51,8 +52,8 @@ class ModelLoader:
 
     def start(self) -> "ModelLoader":
         if self._thread is None:
-            self._thread = threading.Thread(target=self._load, name="disco-model-loader", daemon=True)
-            self._thread.start()
+            # stopped and waited for at the process's exit (disco.models.background), never cut off mid-pass
+            self._thread = background.start(self._load, "disco-model-loader")
         return self
 
     def _load(self) -> None:
@@ -64,7 +65,7 @@ class ModelLoader:
             self.pair.warmup()
             print(f"DISCO Lab: models ready in {time.perf_counter() - self.started:.1f} s: {self.pair.describe()}",
                   flush=True)
-        except Exception as exc:  # shown in the page; every run then reports it
+        except Exception as exc:  # shown in the page; every run then reports it (Interrupted: the process is exiting)
             self.error = exc
             print(f"DISCO Lab: could not load the models: {exc}", flush=True)
         finally:
@@ -89,6 +90,8 @@ class ModelLoader:
                 rec = self.profile.recommended
                 print(f"DISCO Lab: machine profile ready: auto = {rec.get('auto')} "
                       f"({rec.get('auto_speedup', math.nan):.2f}x by replay)", flush=True)
+        except Interrupted:  # the process is exiting
+            self.profile_error = "stopped"
         except Exception as exc:  # the race works without it; the tab says why
             log.exception("profile failed")
             self.profile_error = f"{type(exc).__name__}: {exc}"

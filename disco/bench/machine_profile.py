@@ -25,7 +25,7 @@ from disco.costs.profile import (
     DEFAULT_PROMPTS, DEFAULT_TOKENS, Profile, ProfileError, load_cached, save,
 )
 from disco.errors import Interrupted
-from disco.machine import machine_key
+from disco.models.keys import machine_key
 from disco.models import numerics, precision as prec
 from disco.models.pair import encode_prompt
 from disco.models.timing import pass_costs, prefill_costs

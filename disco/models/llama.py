@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from disco.errors import Interrupted, UserError
+from disco.models.background import SHUTDOWN
 
 EXACT_ENV = "DISCO_LLAMA_EXACT"
 THREADS_ENV = "DISCO_LLAMA_THREADS"
@@ -193,8 +194,13 @@ class _Abort:
         self.callback = lib.ggml_abort_callback(self._poll)
 
     def _poll(self, _data) -> bool:
-        if self.interrupt is None or self.fired:
-            return self.fired
+        if self.fired:
+            return True
+        if SHUTDOWN.is_set():  # the process is exiting (disco.models.background)
+            self.fired = True
+            return True
+        if self.interrupt is None:
+            return False
         try:
             self.fired = bool(self.interrupt())
         except Exception:  # a failing Stop check must not take the process down from inside C
@@ -228,7 +234,7 @@ class LlamaSession:
         if self.length + len(tokens) > self.model.n_ctx:
             raise UserError(f"the sequence would exceed llama.cpp's context of {self.model.n_ctx} tokens "
                             f"({N_CTX_ENV} sets it)")
-        if interrupt is not None and interrupt():
+        if SHUTDOWN.is_set() or (interrupt is not None and interrupt()):
             raise Interrupted("stopped before a forward pass")
         lib, batch, n = self.lib, self._batch, len(tokens)
         first_kept = n - keep  # rows before it need no logits

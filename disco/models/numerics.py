@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from disco import cache
-from disco.machine import flags_line, key_hash, machine_key
+from disco.machine import flags_line, key_hash
+from disco.models.keys import machine_key
 from disco.models import precision as prec
 from disco.models.pair import TorchSession
 from disco.models.timing import interpolate, pass_costs

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from disco.errors import InputError, Interrupted, UserError
+from disco.models.background import with_shutdown
 
 
 class ModelLoadError(UserError, RuntimeError):
@@ -84,9 +85,10 @@ class TorchSession:
         once before the pass and by every layer during it (raises ``Interrupted``; the cache may then hold part
         of the pass)."""
         x = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        interrupt = with_shutdown(interrupt)  # the process's exit stops a pass too (disco.models.background)
         _PASS.interrupt = interrupt
         try:
-            if interrupt is not None and interrupt():  # and once before it (unhooked models too)
+            if interrupt():  # and once before it (unhooked models too)
                 raise Interrupted("stopped before a forward pass")
             sync(self.device)
             start = time.perf_counter()

@@ -1,0 +1,47 @@
+"""Model work in background threads, and the interpreter's exit.
+
+The app loads its pair and measures this machine's cost profile in a daemon thread (``disco.app.loader``). When the
+process exits while that thread is inside a forward pass, Python ends the thread with ``pthread_exit``, whose forced
+unwinding through torch's or llama.cpp's C++ frames calls ``std::terminate``: the process aborts (exit code 134,
+with ggml's backtrace) instead of exiting. Seen in the test suite: a llama.cpp pair loaded, then an app built, then
+pytest exits during the app's background profile.
+
+So every forward pass also polls ``SHUTDOWN`` (``disco.models.pair.TorchSession``, ``disco.models.llama``): at
+exit it is set, the pass in flight stops at its next layer (torch) or graph node (llama.cpp) with ``Interrupted``,
+and the exit waits for the threads started here to unwind in Python.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+
+SHUTDOWN = threading.Event()
+JOIN_SECONDS = 30.0  # one layer or node is milliseconds; a model load (not interruptible) a few seconds
+
+_THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def with_shutdown(interrupt):
+    """``interrupt`` (a callable returning true to stop, or None) that also fires once the process is exiting."""
+    if interrupt is None:
+        return SHUTDOWN.is_set
+    return lambda: SHUTDOWN.is_set() or interrupt()
+
+
+def start(target, name: str) -> threading.Thread:
+    """Run ``target`` in a daemon thread that the process's exit stops and waits for."""
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    _THREADS.add(thread)
+    thread.start()
+    return thread
+
+
+@atexit.register
+def _stop() -> None:
+    # atexit runs after the non-daemon threads have ended and before daemon threads are cut off
+    SHUTDOWN.set()
+    for thread in list(_THREADS):
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(JOIN_SECONDS)

@@ -1,0 +1,62 @@
+"""The process exits cleanly while a background thread is running forward passes (``disco.models.background``).
+
+Without the shutdown interrupt, Python cuts a daemon thread off with ``pthread_exit`` at exit; unwinding through
+torch's or llama.cpp's C++ frames then calls ``std::terminate`` and the process aborts (exit code 134). The test
+suite itself hit it: a llama.cpp pair loaded, then an app built (its loader profiles in a daemon thread), then exit.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from disco.models import llama
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent("""
+    import sys, threading
+    sys.path.insert(0, "tests")
+    from disco.errors import Interrupted
+    from disco.models import background, load_pair
+
+    engine = sys.argv[1]
+    if engine == "llamacpp":
+        import tempfile, pathlib, tiny_gguf
+        from disco.models import gguf_pair
+        target, assistant = tiny_gguf.write_pair(pathlib.Path(tempfile.mkdtemp()))
+        pair = gguf_pair.load("tiny-gguf", target, assistant)
+    else:
+        pair = load_pair("tiny", log=lambda _m: None)
+    busy = threading.Event()
+
+    def work():
+        session = pair.session("target")
+        try:
+            while True:  # passes until the exit stops one
+                session.forward([5] * 64, 1)
+                session.crop(0)
+                busy.set()
+        except Interrupted:
+            print("stopped by the exit", flush=True)
+
+    background.start(work, "passes")
+    busy.wait(60)
+    print("exiting", flush=True)
+""")
+
+
+@pytest.mark.parametrize("engine", ["torch", "llamacpp"])
+def test_exit_while_a_background_thread_is_inside_a_pass(engine, tmp_path):
+    if engine == "llamacpp" and llama.available() is not None:
+        pytest.skip(llama.available())
+    script = tmp_path / "exit.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), engine], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["exiting", "stopped by the exit"]
