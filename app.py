@@ -104,10 +104,12 @@ def build_demo(models: str | None = None) -> gr.Blocks:
             with gr.Row():
                 latency_plot = gr.Plot(plots.empty_figure(plots.LATENCY_TITLE), show_label=False, elem_id="plot-latency")
                 confidence_plot = gr.Plot(plots.empty_figure(plots.CONFIDENCE_TITLE), show_label=False, elem_id="plot-confidence")
+            positions_plot = gr.Plot(plots.empty_figure(plots.POSITIONS_TITLE), show_label=False, elem_id="plot-positions")
             summary = gr.Dataframe(summary_frame([]), label="Summary", interactive=False, elem_id="summary")
             with gr.Row():
                 iterations_csv = gr.File(label="Download CSV: per-iteration trace", elem_id="iterations-csv")
                 tokens_csv = gr.File(label="Download CSV: per-token trace", elem_id="tokens-csv")
+                positions_csv = gr.File(label="Download CSV: acceptance by draft position", elem_id="positions-csv")
         with gr.Tab("Sweep"):
             build_sweep_tab(loader.get)
         with gr.Tab("This machine"):
@@ -123,8 +125,8 @@ def build_demo(models: str | None = None) -> gr.Blocks:
 
         inputs = [prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens, baseline, chat, sample,
                   temperature, top_p, seed, lane_a_assistant, lane_b_assistant, engine]
-        outputs = [run_status, lanes, race_plot, lookahead_plot, latency_plot, confidence_plot, summary,
-                   iterations_csv, tokens_csv]
+        outputs = [run_status, lanes, race_plot, lookahead_plot, latency_plot, confidence_plot, positions_plot, summary,
+                   iterations_csv, tokens_csv, positions_csv]
         # Stop ends the race at its next transformer layer, dropping the unfinished iteration; the race itself
         # then shows "Stopped" with the partial trace (see disco.app.session.StopSignals)
         # preprocess=False: compare checks every value itself (disco.limits, the engine), so a caller who sends a

@@ -128,7 +128,7 @@ def check_lookahead(policies, limit: int) -> None:
     """Hold every lane's K / KMAX to ``limit`` (the app's sliders end there)."""
     for policy in policies:
         k = getattr(policy, "k", None)
-        if policy.uses_assistant and k is not None and k > limit:
+        if policy.drafts and k is not None and k > limit:
             raise InputError(f"{policy.spec}: lookahead {k} is over this app's limit of {limit} "
                              "(DISCO_MAX_LOOKAHEAD)")
 

@@ -61,6 +61,19 @@ def check_writable(path) -> None:
         raise UsageError(f"cannot write {path}: folder {target.parent} does not exist")
 
 
+def check_out_dir(path) -> None:
+    """Refuse, before any work, an output folder that cannot be made: a file in its place, or no writable folder to
+    make it in (it is created when the outputs are written)."""
+    target = path.expanduser().resolve()
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"cannot write into {path}: it is a file; give a folder")
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise UsageError(f"cannot write into {path}: {existing} is not a writable folder")
+
+
 def json_safe(value):
     """``value`` with every non-finite float as None (JSON has no NaN), through dicts and lists."""
     if isinstance(value, float) and not math.isfinite(value):

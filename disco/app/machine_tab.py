@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import math
 
+from disco.policies.export import take_away_md
 from disco.text import times as _x
 
 
@@ -63,4 +64,6 @@ def markdown(profile: dict | None, calibration: dict | None, step: str | None, e
         parts.append(f"The best speculative setting, `{rec['best_speculative']}`, reaches "
                      f"{_x(rec.get('best_speculative_speedup'))}: on this machine verifying each extra token costs "
                      "almost as much as a target step (see the chart), so the `auto` lane runs the target alone.")
+    for settings in profile.get("take_away") or ():
+        parts.append(take_away_md(settings))
     return "\n\n".join(parts)

@@ -19,7 +19,7 @@ import zlib
 import pandas as pd
 import plotly.graph_objects as go
 
-from disco.decode.trace import STOP_CONFIDENCE, STOP_NONE, parse_confidences
+from disco.decode.trace import STOP_CONFIDENCE, STOP_NONE, parse_confidences, position_acceptance
 from disco.policies import policy_kinds, spec_kind
 
 # Okabe-Ito, colour-blind safe. One hue per kind of policy (each policy class declares its own: disco.policies);
@@ -296,10 +296,48 @@ def confidence_figure(frame: pd.DataFrame, strategies: list[str] | None = None) 
     return _figure(data, layout, CONFIDENCE_TITLE, height=max(HEIGHT, 190 * len(lanes) + 90))
 
 
+# ------------------------------------------------------------------------------------------------
+# (5) acceptance by draft position
+
+
+POSITIONS_TITLE = ("Acceptance by draft position<br><sup>share of drafts whose i-th token was accepted, among those whose "
+                   "first i − 1 were (counts on hover and in the CSV)</sup>")
+
+
+def positions_figure(frame: pd.DataFrame, strategies: list[str] | None = None) -> go.Figure:
+    """Per drafting lane, the conditional acceptance of each draft position (``position_acceptance``): one line per
+    lane, each point sized by how many drafts reached it."""
+    if frame is None or frame.empty:
+        return empty_figure(POSITIONS_TITLE)
+    lanes = _speculative(frame, _ordered(frame, strategies))
+    table = position_acceptance(frame[frame["strategy"].isin(lanes)])
+    if table.empty:
+        return empty_figure(POSITIONS_TITLE, "no lane has drafted a token yet")
+    data = []
+    biggest = max(1, int(table["reached"].max()))
+    for s in lanes:
+        rows = table[table["strategy"] == s]
+        if rows.empty:
+            continue
+        color = strategy_color(s)
+        sizes = [6 + 12 * math.sqrt(n / biggest) for n in rows["reached"]]
+        data.append(dict(type="scatter", x=rows["position"].tolist(), y=rows["rate"].round(4).tolist(),
+                         mode="lines+markers", name=s, line=dict(color=color, width=2),
+                         marker=dict(color=color, size=sizes, line=dict(color="white", width=1)),
+                         customdata=rows[["accepted", "reached"]].to_numpy().tolist(),
+                         hovertemplate="position %{x}: %{y:.0%} (%{customdata[0]} of %{customdata[1]})"
+                                       f"<extra>{s}</extra>"))
+    layout = dict(xaxis=dict(title=dict(text="draft position i"), dtick=1 if table["position"].max() <= 20 else None),
+                  yaxis=dict(title=dict(text="P(i accepted | 1..i−1 accepted)"), range=[-0.04, 1.06], tickformat=".0%"),
+                  legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0, font=dict(size=11)),
+                  margin=dict(l=60, r=20, t=78, b=90))
+    return _figure(data, layout, POSITIONS_TITLE, height=HEIGHT + 40)
+
+
 def all_figures(frame: pd.DataFrame, strategies: list[str] | None = None) -> tuple[go.Figure, ...]:
-    """The app's four live figures, in display order."""
+    """The app's five live figures, in display order."""
     return (race_figure(frame, strategies), lookahead_figure(frame, strategies),
-            latency_figure(frame, strategies), confidence_figure(frame, strategies))
+            latency_figure(frame, strategies), confidence_figure(frame, strategies), positions_figure(frame, strategies))
 
 
 # ------------------------------------------------------------------------------------------------

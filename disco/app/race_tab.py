@@ -21,6 +21,7 @@ from disco import limits
 from disco.app import plots
 from disco.app.lanes import lanes_html, summary_frame
 from disco.app.session import COMPUTE_LOCK, write_csvs
+from disco.policies.export import take_away, take_away_md
 from disco.costs.profile import auto_policy
 from disco.decode import divergence
 from disco.decode.race import build_policies, race
@@ -73,24 +74,13 @@ EXAMPLES = [
      "is identical to what the large model would have produced alone, but far fewer slow forward passes are "
      "needed when the draft model guesses well."],
     ["Write a short story about a lighthouse keeper who finds a message in a bottle."],
+    ["Rename the variable `total` to `running_sum` and reply with the whole function only.\n\n"
+     "def mean_of_positive(values):\n    total = 0\n    count = 0\n    for value in values:\n        if value > 0:\n"
+     "            total += value\n            count += 1\n    return total / count if count else 0.0"],
 ]
 
-OUTPUT_LABELS = ("status", "lanes", "race", "lookahead", "latency", "confidence", "summary",
-                 "iterations_csv", "tokens_csv")
-
-
-EXAMPLES = [
-    ["Write a Python function `is_prime(n)` that checks whether n is prime, with a docstring and two doctests."],
-    ["Explain in simple terms why a binary search runs in logarithmic time."],
-    ["Summarise in two sentences: Speculative decoding speeds up large language models by letting a small "
-     "draft model propose several tokens that the large model verifies in a single forward pass. The output "
-     "is identical to what the large model would have produced alone, but far fewer slow forward passes are "
-     "needed when the draft model guesses well."],
-    ["Write a short story about a lighthouse keeper who finds a message in a bottle."],
-]
-
-OUTPUT_LABELS = ("status", "lanes", "race", "lookahead", "latency", "confidence", "summary",
-                 "iterations_csv", "tokens_csv")
+OUTPUT_LABELS = ("status", "lanes", "race", "lookahead", "latency", "confidence", "positions", "summary",
+                 "iterations_csv", "tokens_csv", "positions_csv")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -239,28 +229,27 @@ def _status(snapshot, summaries: list[dict], wall: float, final: bool, notes: li
     return f"✓ **Done** in {wall:.1f} s{speed} · {same}{extra}  \n<small>{where}</small>"
 
 
-def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None, files=(None, None),
+def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None, files=(None, None, None),
            figures: bool = True, stopped: bool = False) -> tuple:
     """All of the page's outputs for one snapshot, in OUTPUT_LABELS order (``gr.skip()`` for what is unchanged:
     the CSV files until the end, the figures when ``figures`` is false)."""
     frame = snapshot.iterations()
     summaries = snapshot.summaries(frame)
-    figs = plots.all_figures(frame, snapshot.strategies) if figures or final else (gr.skip(),) * 4
+    figs = plots.all_figures(frame, snapshot.strategies) if figures or final else (gr.skip(),) * 5
     return (
         _status(snapshot, summaries, wall, final, notes, stopped),
         lanes_html([d.policy for d in snapshot.decoders], snapshot.tokens(), summaries, decode),
         *figs,
         summary_frame(summaries),
-        files[0] if final else gr.skip(),
-        files[1] if final else gr.skip(),
+        *(path if final else gr.skip() for path in files),
     )
 
 
 def _blank(status: str, lanes: list[Policy], lane_message: str, plot_message: str) -> tuple:
     """The page's outputs when there is no iteration to show (starting, or stopped before the first)."""
-    titles = (plots.RACE_TITLE, plots.LOOKAHEAD_TITLE, plots.LATENCY_TITLE, plots.CONFIDENCE_TITLE)
+    titles = (plots.RACE_TITLE, plots.LOOKAHEAD_TITLE, plots.LATENCY_TITLE, plots.CONFIDENCE_TITLE, plots.POSITIONS_TITLE)
     return (status, lanes_html(lanes, None, None, message=lane_message),
-            *(plots.empty_figure(t, plot_message) for t in titles), summary_frame([]), None, None)
+            *(plots.empty_figure(t, plot_message) for t in titles), summary_frame([]), None, None, None)
 
 
 def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = DEFAULTS.lane_b, k=DEFAULTS.k,
@@ -344,8 +333,17 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
     if snapshot is None:
         raise gr.Error("the run produced no iterations")
     files = write_csvs(snapshot)
-    yield render(snapshot, final=True, wall=time.perf_counter() - start, notes=notes, decode=decode, files=files,
+    out = render(snapshot, final=True, wall=time.perf_counter() - start, notes=notes, decode=decode, files=files,
                  stopped=stopped)
+    auto = [lane_policy(AUTO, assistant=a, profile=prof) for lane, a in ((lane_a, lane_a_assistant),
+                                                                          (lane_b, lane_b_assistant))
+            if str(lane).strip() == AUTO]
+    if auto:  # the recommended setting, ready for the engine the user deploys on
+        table = prof.batch_table(auto[0].assistant_precision) if auto[0].assistant_precision else None
+        block = take_away_md(take_away(auto[0], table or None))
+        out = (f"{out[0]}\n\n<details><summary>auto's setting for transformers, llama.cpp and vLLM</summary>\n\n"
+               f"{block}\n\n</details>", *out[1:])
+    yield out
 
 
 def profile_costs(get_profile: Callable[[], object] | None):

@@ -110,15 +110,16 @@ def csv_dir() -> Path:
         return _CSV_DIR
 
 
-def write_csvs(snapshot, directory: Path | None = None) -> tuple[str, str]:
-    """Write the per-iteration and per-token traces (with the run's settings on every row)."""
+def write_csvs(snapshot, directory: Path | None = None) -> tuple[str, str, str]:
+    """Write the per-iteration and per-token traces and the acceptance by draft position (with the run's settings on
+    every row)."""
     directory = Path(directory) if directory is not None else csv_dir()
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.perf_counter_ns() % 1_000_000:06d}"
-    iterations = directory / f"disco-trace-{stamp}-iterations.csv"
-    tokens = directory / f"disco-trace-{stamp}-tokens.csv"
-    snapshot.export_iterations().to_csv(iterations, index=False)
-    snapshot.export_tokens().to_csv(tokens, index=False)
+    paths = {name: directory / f"disco-trace-{stamp}-{name}.csv" for name in ("iterations", "tokens", "positions")}
+    snapshot.export_iterations().to_csv(paths["iterations"], index=False)
+    snapshot.export_tokens().to_csv(paths["tokens"], index=False)
+    snapshot.export_positions().to_csv(paths["positions"], index=False)
     old = sorted(directory.glob("disco-trace-*.csv"), key=lambda p: p.stat().st_mtime)
-    for path in old[: max(0, len(old) - 2 * KEEP_CSV_RUNS)]:
+    for path in old[: max(0, len(old) - len(paths) * KEEP_CSV_RUNS)]:
         path.unlink(missing_ok=True)
-    return str(iterations), str(tokens)
+    return str(paths["iterations"]), str(paths["tokens"]), str(paths["positions"])

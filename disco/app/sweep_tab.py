@@ -27,6 +27,7 @@ from disco.bench.sweep import replay_iterations, sweep
 from disco.costs import model as cost_mod
 from disco.errors import UserError, first_line
 from disco.policies import AUTOREGRESSIVE, KMAXES, STATIC_KS, Policy, parse_strategy, policy_class, policy_kinds
+from disco.policies.export import take_away, take_away_md
 from disco.policies.grids import CLASSIC_KINDS, COARSE_TAUS, default_grid, rule_kinds
 
 DEFAULT_TAUS = ",".join(format(t, "g") for t in COARSE_TAUS)
@@ -134,7 +135,20 @@ def _status(summary: pd.DataFrame, done: int, total: int, seconds: float, profil
             + "".join(f"best {kind}: `{best[f'best_{kind}']}` {fmt(best.get(f'best_{kind}_speedup'))} · "
                       for kind in RULE_CHOICES if best.get(f"best_{kind}"))
             + f"oracle {fmt(best.get('best_oracle_speedup'))}. Speed-ups are geometric means of estimated times "
-            f"({_profile_words(profile)}).")
+            f"({_profile_words(profile)}).") + _take_away(best)
+
+
+def _take_away(best: dict) -> str:
+    """The grid's best cell (the oracle aside) as configuration for the engines people deploy with."""
+    cells = {v: best.get(f"{k}_speedup", math.nan) for k, v in best.items()
+             if k.startswith("best_") and not k.endswith("_speedup") and k != "best_oracle" and isinstance(v, str)}
+    cells = {spec: value for spec, value in cells.items() if value == value}
+    if not cells:
+        return ""
+    spec = max(cells, key=cells.get)
+    block = take_away_md(take_away(parse_strategy(spec)))
+    return (f"\n\n<details><summary>the best cell, `{spec}` ({cells[spec]:.2f}x), for transformers, llama.cpp and "
+            f"vLLM</summary>\n\n{block}\n\n</details>")
 
 
 def build_sweep_tab(get_pair) -> None:

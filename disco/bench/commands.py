@@ -18,6 +18,7 @@ from disco.errors import InputError
 from disco.machine import flags_line
 from disco.models import load_resolved
 from disco.policies import KMAXES, STATIC_KS, TAUS, parse_strategy
+from disco.policies.export import ENGINES
 from disco.policies.grids import default_grid, unique
 
 
@@ -26,9 +27,12 @@ def _log(message: str) -> None:
 
 
 def add_commands(sub) -> None:
+    from disco.bench import sampling
+
     add_bench(sub)
     add_profile(sub)
     add_train(sub)
+    sampling.add_command(sub)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +210,15 @@ def print_profile(prof, out=None) -> None:
         w(f"\nrecommended (the `auto` lane): {rec['auto']}  {rec['auto_speedup']:.2f}x ({verdict})")
         if not rec.get("speculation_pays") and rec.get("best_speculative"):
             w(f"best speculative setting: {rec['best_speculative']}  {rec['best_speculative_speedup']:.2f}x")
+    for settings in prof.take_away():
+        w(f"\n{settings['setting']} in your engine" + (" (the target alone)" if settings["setting"] == "autoregressive"
+                                                        else ""))
+        for engine in ENGINES:
+            e = settings[engine]
+            tag = "" if e["exact"] else " (nearest)"
+            w(f"  {engine}{tag}: {e['text'] or e['note']}")
+            if e["note"] and e["text"]:
+                w(f"    {e['note']}")
 
 
 REF_LABEL = REFERENCE_SETTING

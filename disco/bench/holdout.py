@@ -84,3 +84,54 @@ def holdout_md(frame: pd.DataFrame) -> str:
                   f"{fmt(best['test_speedup'])}x: " + "; ".join(f"{g}: {'met' if ok else 'not met'}" for g, ok in goals)
                   + "."]
     return "\n".join(lines) + "\n"
+
+
+LOOKUP_KINDS = ("lookup", "copy")  # the drafters without a model (disco.policies.lookup)
+COPY_PROMPTS = "copy"              # the suite's kind of prompt whose answers copy the prompt
+LOOKUP_GOAL = 1.3                  # issue 18: a lookup lane beats the target alone by 1.3x on the copy prompts' test split
+
+
+def kind_holdout(runs: pd.DataFrame, prompt_kind: str = COPY_PROMPTS) -> pd.DataFrame:
+    """On one kind of prompt only: for each kind of policy, the setting with the best replay speed-up on that kind's
+    train prompts, and its speed-up on that kind's test prompts and on the other kinds' test prompts (empty unless
+    both splits of the kind were replayed)."""
+    rows = runs[(runs["mode"] == "replay")] if "mode" in runs else runs
+    if rows.empty or "kind" not in rows or prompt_kind not in set(rows["kind"]):
+        return pd.DataFrame(columns=["kind", "setting", "train", "test", "other_test"])
+    own = split_speedups(rows[rows["kind"] == prompt_kind])
+    other = rows[(rows["kind"] != prompt_kind) & (rows["split"] == "test")]
+    other_test = other.groupby("strategy")["speedup"].apply(lambda s: geomean(s.astype(float))) if not other.empty \
+        else pd.Series(dtype=float)
+    if own.empty:
+        return pd.DataFrame(columns=["kind", "setting", "train", "test", "other_test"])
+    kinds = {s: spec_kind(s) for s in own.index}
+    out = []
+    for cls in policy_kinds():
+        cands = own.loc[[s for s in own.index if kinds[s] == cls.kind], "train"].dropna()
+        if cls.kind == AUTOREGRESSIVE or cands.empty:
+            continue
+        spec = cands.idxmax()
+        out.append({"kind": cls.kind, "setting": spec, "train": float(own.loc[spec, "train"]),
+                    "test": float(own.loc[spec, "test"]), "other_test": float(other_test.get(spec, math.nan))})
+    return pd.DataFrame(out).sort_values("test", ascending=False, ignore_index=True)
+
+
+def kind_holdout_md(frame: pd.DataFrame, prompt_kind: str = COPY_PROMPTS) -> str:
+    if frame.empty:
+        return ""
+    fmt = lambda v: "—" if v is None or v != v else f"{v:.2f}x"  # noqa: E731
+    lines = [f"## Prompt lookup on the {prompt_kind} prompts (chosen on their train split, shown on their test split)",
+             "", f"| kind | setting (chosen on the {prompt_kind} train prompts) | train | test | other kinds' test prompts |",
+             "|---|---|---|---|---|"]
+    for r in frame.to_dict("records"):
+        mark = " ◀" if r["kind"] in LOOKUP_KINDS else ""
+        lines.append(f"| {r['kind']}{mark} | `{r['setting']}` | {fmt(r['train'])} | {fmt(r['test'])} | "
+                     f"{fmt(r['other_test'])} |")
+    lookup = frame[frame["kind"].isin(LOOKUP_KINDS)]
+    if not lookup.empty:
+        best = lookup.iloc[0]
+        met = "met" if best["test"] >= LOOKUP_GOAL else "not met"
+        lines += ["", f"Best drafter without a model on the {prompt_kind} test prompts: `{best['setting']}` "
+                  f"{fmt(best['test'])} (goal ≥ {LOOKUP_GOAL}x: {met}); on the other kinds' test prompts "
+                  f"{fmt(best['other_test'])}."]
+    return "\n".join(lines) + "\n"

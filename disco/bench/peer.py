@@ -82,6 +82,10 @@ def run_hf(pair, prompt_ids: list[int], policy: Policy, max_new_tokens: int) -> 
     pad = getattr(pair.tokenizer, "pad_token_id", None)
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, repetition_penalty=1.0,
                   eos_token_id=eos, pad_token_id=pad if pad is not None else eos[0])
+    assistant = pair.assistant if settings and not policy.proposes else None
+    if policy.proposes:  # prompt lookup: generate's own arguments, no assistant model
+        kwargs.update(settings)
+        settings = {}
     try:
         for k, v in settings.items():
             setattr(gc, k, v)
@@ -92,7 +96,7 @@ def run_hf(pair, prompt_ids: list[int], policy: Policy, max_new_tokens: int) -> 
             with roc_adaptation(getattr(policy, "hf_roc_adaptation", False)):
                 start = time.perf_counter()
                 out = pair.target.generate(input_ids=x, attention_mask=mask,
-                                           assistant_model=pair.assistant if settings else None, **kwargs)
+                                           assistant_model=assistant, **kwargs)
             sync(pair.device)
             seconds = time.perf_counter() - start
     finally:

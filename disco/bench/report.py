@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from disco.bench.heatmap import heatmap_figure, heatmap_grid, heatmap_svg
-from disco.bench.holdout import best_new, holdout_frame, holdout_md
+from disco.bench.holdout import best_new, holdout_frame, holdout_md, kind_holdout, kind_holdout_md
+from disco.bench.positions import positions_frame, positions_md
 from disco.bench.runs import ensure_policy_columns
 from disco.bench.suite import BenchError, KINDS
 from disco.costs import model as cost_mod
@@ -209,8 +210,10 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
 # ---------------------------------------------------------------------------------------------
 
 
-def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFrame | None = None) -> dict:
-    """Every summary output from runs.csv's rows and the run's meta (also used by ``--report-only``)."""
+def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFrame | None = None,
+                  drafts: pd.DataFrame | None = None) -> dict:
+    """Every summary output from runs.csv's rows and the run's meta (also used by ``--report-only``); ``drafts``
+    (every replayed drafting iteration) gives ``positions.csv``, else an earlier run's ``positions.csv`` is kept."""
     runs_df = add_decode_speedup(runs)
     summary = summarize_runs(runs_df)
     modes = set(runs_df["mode"]) if not runs_df.empty else set()
@@ -245,7 +248,8 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
              "meta": out / "meta.json"}
     if "replay" in modes and not summary.empty:
         fig = heatmap_figure(summary)
-        fig.write_html(out / "heatmap.html", include_plotlyjs="cdn", full_html=True)
+        # plotly.min.js beside the page (written once per folder): the report opens offline
+        fig.write_html(out / "heatmap.html", include_plotlyjs="directory", full_html=True)
         (out / "heatmap.svg").write_text(heatmap_svg(summary), encoding="utf-8")
         files.update(heatmap_html=out / "heatmap.html", heatmap_svg=out / "heatmap.svg")
         try:  # PNG only where kaleido happens to be installed (it is not a dependency)
@@ -257,6 +261,20 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
             meta["heatmap_png"] = "skipped (kaleido not installed)"
     held = holdout_frame(runs_df)
     text = summary_markdown(meta, summary, theory, validation, val, peers)
+    positions = positions_frame(drafts) if drafts is not None and not drafts.empty else (
+        pd.read_csv(out / "positions.csv") if (out / "positions.csv").is_file() else pd.DataFrame())
+    if not positions.empty:
+        positions.to_csv(out / "positions.csv", index=False)
+        files["positions"] = out / "positions.csv"
+        shown = [s for s in meta.get("timed_strategies") or _headline_specs(meta.get("best", {}))
+                 if s != AUTOREGRESSIVE]
+        kinds = ("all", "copy") if "copy" in set(positions["kind"]) else ("all",)
+        text = text.rstrip("\n") + "\n\n" + positions_md(positions, shown, kinds)
+    copy = kind_holdout(runs_df)
+    if not copy.empty:
+        copy.to_csv(out / "copy_prompts.csv", index=False)
+        files["copy_prompts"] = out / "copy_prompts.csv"
+        text = text.rstrip("\n") + "\n\n" + kind_holdout_md(copy)
     if not held.empty:
         held.to_csv(out / "holdout.csv", index=False)
         files["holdout"] = out / "holdout.csv"
@@ -265,6 +283,12 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
     (out / "summary.md").write_text(text, encoding="utf-8")
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=_json_default), encoding="utf-8")
     return {"files": files, "meta": meta, "summary": summary, "runs": runs_df, "validation": validation, "peers": peers}
+
+
+def _headline_specs(best: dict) -> list[str]:
+    """The settings the report headlines: the replay's best of each kind that drafts, and the reference setting."""
+    keys = ("best_static", "best_threshold", "best_pmin", "best_lookup", "best_copy", "best_disco")
+    return list(dict.fromkeys([REFERENCE_SETTING] + [best[k] for k in keys if best.get(k)]))
 
 
 def report_only(out: Path) -> dict:

@@ -87,14 +87,15 @@ ADAPTIVE_REFERENCE = "adaptive:0.4:20"  # transformers' default once scikit-lear
 
 
 LLAMA_REFERENCE = "pmin:0.4:3"  # llama.cpp's --spec-draft-n-max default (3), with the p-min its docs use
+LOOKUP_REFERENCE = "lookup:10:2"  # transformers PromptLookupCandidateGenerator defaults (10 tokens, n-gram 2)
 
 
 def default_timed_policies(best: dict, engine: str = "torch") -> list[Policy]:
-    """The target alone, the replay's best static K and best threshold, and transformers' defaults (fixed and
-    adaptive); on llama.cpp also its own rule (the replay's best ``pmin`` and ``pmin:0.4:3``), which its own
+    """The target alone, the replay's best static K and best threshold, transformers' defaults (fixed and adaptive),
+    the best prompt lookup and ``lookup:10:2`` (transformers PromptLookupCandidateGenerator defaults), the best ``copy``; on llama.cpp also its own rule (the replay's best ``pmin`` and ``pmin:0.4:3``), which its own
     speculative example times as the peer. The specs come from the replay's summary, so they are parsed here, once."""
     specs = [AUTOREGRESSIVE, best.get("best_static") or "static:5", best.get("best_threshold"), REFERENCE_SETTING,
-             ADAPTIVE_REFERENCE]
+             ADAPTIVE_REFERENCE, best.get("best_lookup"), LOOKUP_REFERENCE, best.get("best_copy")]
     if engine == "llamacpp":
         specs += [best.get("best_pmin"), LLAMA_REFERENCE]
     return [parse_strategy(s) for s in dict.fromkeys(s for s in specs if s)]
@@ -133,6 +134,7 @@ def _run_loaded(cfg: BenchConfig, pair, prompts: list[SuitePrompt], specs: list[
     costs = None
     tables = {}
     theory = None
+    drafts: list[dict] = []  # every replayed drafting iteration (acceptance by draft position)
     kmax = max([p.values.get("k", 1) for p in specs] + [1])
 
     if cfg.mode in ("replay", "both"):
@@ -152,7 +154,7 @@ def _run_loaded(cfg: BenchConfig, pair, prompts: list[SuitePrompt], specs: list[
         costs = cost_mod.resolve(profile_name, measured=measure, precision=meta.get("assistant_precision"))
         meta["calibration_seconds"] = time.perf_counter() - t0
         meta["cost_profile"] = profile_name
-        runs += replay_grid(tables, prompts, specs, cfg.max_new_tokens, costs, meta)
+        runs += replay_grid(tables, prompts, specs, cfg.max_new_tokens, costs, meta, drafts)
         summary = summarize_runs(pd.DataFrame(runs))
         meta["best"] = best_settings(summary)
         theory = theory_frame(meta["alpha"], costs.cost_ratio, costs, summary)
@@ -178,20 +180,25 @@ def _run_loaded(cfg: BenchConfig, pair, prompts: list[SuitePrompt], specs: list[
             frame.to_csv(cfg.out / "timed_iterations.csv", index=False)
 
     meta["wall_seconds"] = time.perf_counter() - wall
-    return write_reports(cfg.out, pd.DataFrame(runs), meta, theory)
+    return write_reports(cfg.out, pd.DataFrame(runs), meta, theory, drafts=pd.DataFrame(drafts))
 
 
 def replay_grid(tables: dict, prompts: list[SuitePrompt], specs: list[Policy], max_new_tokens: int, costs: CostModel,
-                meta: dict) -> list[dict]:
+                meta: dict, positions: list[dict] | None = None) -> list[dict]:
     """Every policy replayed on every prompt's table under ``costs`` (the runs table's replay rows); records in
     ``meta`` what the report needs of it: the costs, the prompts replayed, α (the assistant's first draft equals
-    the target's token, over all positions) and c."""
+    the target's token, over all positions) and c; appends each drafting iteration to ``positions`` when given."""
     meta["costs"] = costs.to_dict()
     runs: list[dict] = []
     hits = total = 0
     for p in prompts:
         table = tables[p.id]
-        runs += replay_rows(p, table, replay_many(table, specs, max_new_tokens, costs), meta)
+        results = replay_many(table, specs, max_new_tokens, costs)
+        runs += replay_rows(p, table, results, meta)
+        if positions is not None:  # each run's drafts, for the acceptance by draft position
+            positions += [{"prompt_id": p.id, "kind": p.kind, "split": p.split, "strategy": spec,
+                           "lookahead": r.lookahead, "accepted": r.accepted}
+                          for spec, res in results.items() for r in res.records if r.lookahead]
         h, n = table.first_token_agreement(max_new_tokens)
         hits, total = hits + h, total + n
     meta.update(prompts_replayed=len(prompts), alpha=hits / total if total else math.nan, cost_ratio=costs.cost_ratio)
@@ -243,12 +250,13 @@ def recost_cached(cfg: BenchConfig, prompts: list[SuitePrompt], specs: list[Poli
                 mode="replay", grid_size=len(specs), cost_profile=profile_name, models_loaded=False)
     costs = cost_mod.resolve(profile_name, precision=meta["assistant_precision"])
     start = time.perf_counter()
+    drafts: list[dict] = []
     try:
-        runs = replay_grid(tables, prompts, specs, cfg.max_new_tokens, costs, meta)
+        runs = replay_grid(tables, prompts, specs, cfg.max_new_tokens, costs, meta, drafts)
     except ReplayError as exc:
         _log(f"the cached tables do not cover this grid ({exc}); loading the models")
         return None
     meta["replay_seconds"] = meta["wall_seconds"] = time.perf_counter() - start
     _log(f"replayed {len(specs)} settings on {len(prompts)} cached tables under {profile_name} "
          f"in {meta['replay_seconds']:.1f} s (models not loaded)")
-    return write_reports(cfg.out, pd.DataFrame(runs), meta)
+    return write_reports(cfg.out, pd.DataFrame(runs), meta, drafts=pd.DataFrame(drafts))

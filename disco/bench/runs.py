@@ -10,7 +10,8 @@ from pathlib import Path
 
 from disco.bench.suite import SuitePrompt
 from disco.costs.model import flat
-from disco.machine import cpu_info, flags_line, machine_key
+from disco.machine import cpu_info, flags_line
+from disco.models.keys import machine_key
 from disco.models.pair import encode_prompt
 from disco.errors import UserError
 from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
@@ -54,7 +55,7 @@ def policy_columns(policy: Policy) -> dict:
     """What the heatmap and the best-of-kind tables read of a setting, from the policy itself (never parsed back
     from its spec): its kind, its threshold τ and its K / KMAX (None where it has none)."""
     values = policy.values  # the spec's parameters (a policy's own state may move, e.g. the heuristic's K)
-    return {"policy_kind": policy.kind, "tau": values.get("tau"), "kmax": values.get("k") if policy.uses_assistant else None}
+    return {"policy_kind": policy.kind, "tau": values.get("tau"), "kmax": values.get("k") if policy.drafts else None}
 
 
 def ensure_policy_columns(runs):

@@ -11,7 +11,7 @@ from pathlib import Path
 from disco.errors import UserError
 
 DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "assets" / "suite.json"
-KINDS = ("code", "explanation", "summarisation", "prose")
+KINDS = ("code", "explanation", "summarisation", "prose", "copy")
 
 
 class BenchError(UserError, ValueError):

@@ -62,6 +62,16 @@ class CostModel:
     def assistant_ms(self, n: int) -> float:
         return interpolate(self.assistant, n)
 
+    def iteration_ms(self, target_tokens: int, draft_calls: int, assistant_tokens: int) -> float:
+        """What one iteration's passes cost, from its record's counts: one target pass over ``target_tokens``, and
+        ``draft_calls`` assistant passes fed ``assistant_tokens`` in all (the first catches up on what the assistant
+        has not seen, each other feeds one token): what replay charges, so a live run's records are costed exactly
+        as replay would cost them."""
+        ms = self.target_ms(target_tokens)
+        if draft_calls:
+            ms += self.assistant_ms(assistant_tokens - (draft_calls - 1)) + (draft_calls - 1) * self.assistant_ms(1)
+        return ms
+
     @property
     def cost_ratio(self) -> float:
         """c = t_draft / t_target for one token (Leviathan et al.)."""

@@ -3,7 +3,7 @@ step costs in each precision, how often drafts are accepted, and so which lookah
 
 It is measured by ``disco.bench.machine_profile`` (``python -m disco profile``; the app does so in the background
 for its "This machine" tab and its ``auto`` lane). This module holds the record, what follows from its numbers
-(pure), and its cache: one file per machine key (``disco.machine.machine_key``) + dtype + prompts + length in
+(pure), and its cache: one file per machine key (``disco.models.keys.machine_key``) + dtype + prompts + length in
 ``disco.cache.machine_dir()``, so it is measured once per machine.
 
 What it measures, on the real models:
@@ -26,7 +26,8 @@ from pathlib import Path
 
 from disco import cache
 from disco.errors import UserError
-from disco.machine import flags_line, key_hash, machine_key
+from disco.machine import flags_line, key_hash
+from disco.models.keys import machine_key
 from disco.models.timing import interpolate
 from disco.policies import REFERENCE, STATIC_KS, spec_kind, split_precision
 from disco.theory import expected_tokens
@@ -91,6 +92,35 @@ class Profile:
                          "speedup_measured_verify": measured, "speedup_flat_verify": flat})
         return rows
 
+    def batch_table(self, precision: str, max_k: int = 16, batches=(1, 2, 4, 8, 16, 32, 64)) -> list[list[int]]:
+        """vLLM's ``num_speculative_tokens_per_batch_size`` for a static K, *modelled* from this profile: B requests
+        verifying K + 1 tokens each are costed as one target pass of B(K + 1) tokens on this machine and B assistant
+        tokens per draft step (attention aside), with Leviathan's expected tokens at the measured acceptance. Rows
+        ``[first, last, K]`` (K = 0: speculation off), only as far as the measured pass sizes reach."""
+        alpha = self.acceptance.get(precision, math.nan)
+        if alpha != alpha or precision not in self.assistant_ms:
+            return []
+        target = {**self.target_ms, **self.target_prefill_ms}
+        assistant = {**self.assistant_ms[precision], **self.assistant_prefill_ms.get(precision, {})}
+        largest = max(target)
+        best = []
+        for b in batches:
+            if b > largest:
+                break
+            step = interpolate(target, b)
+            gains = {k: expected_tokens(alpha, k) * step / (interpolate(target, b * (k + 1)) + k * interpolate(assistant, b))
+                     for k in range(1, max_k + 1) if b * (k + 1) <= largest}
+            k = max(gains, key=gains.get) if gains else 0
+            best.append((b, k if gains and gains[k] > 1.0 else 0))
+        rows: list[list[int]] = []
+        for i, (b, k) in enumerate(best):
+            last = best[i + 1][0] - 1 if i + 1 < len(best) else b
+            if rows and rows[-1][2] == k:
+                rows[-1][1] = last
+            else:
+                rows.append([b, last, k])
+        return rows
+
     def recommend(self) -> dict:
         """Best static K and best threshold setting per precision (replay), the reference, and the overall best."""
         out: dict = {"by_precision": {}}
@@ -132,7 +162,25 @@ class Profile:
         data["cost_ratio"] = {p: self.cost_ratio(p) for p in self.precisions}
         data["leviathan"] = {p: self.leviathan(p) for p in self.precisions}
         data["machine"] = flags_line(self.key)
+        data["take_away"] = self.take_away()
         return data
+
+    def take_away(self) -> list[dict]:
+        """The recommended setting (and the best speculative one where the target alone is recommended) as
+        configuration for transformers, llama.cpp and vLLM (``disco.policies.export``), with vLLM's batch-size table
+        modelled from this profile."""
+        from disco.policies import parse_strategy
+        from disco.policies.export import take_away
+
+        out = []
+        for key in ("auto", "best_speculative"):
+            spec = self.recommended.get(key)
+            if not spec or any(t["setting"] == spec for t in out):
+                continue
+            base, precision = split_precision(spec)
+            table = self.batch_table(precision) if precision in self.assistant_ms else None
+            out.append({"setting": spec, "role": key, **take_away(parse_strategy(base), table or None)})
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "Profile":

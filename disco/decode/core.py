@@ -9,6 +9,7 @@ backends behind it; the core owns everything else:
      ``policy.drop(DraftStep)`` drops the token just drafted (the oracle; AdaEDL judges a distribution
      before using its token; llama.cpp's p-min), or when ``policy.stop_after(DraftStep)`` says so (that token
      is verified); then ``policy.keep(steps)`` may send fewer (llama.cpp discards drafts shorter than n-min);
+     a policy that ``proposes`` (prompt lookup) drafts instead from the context with no model pass;
   3. verification by the backend (one target pass over what the target has not seen plus the drafts);
   4. accept and cut: accepted drafts + the target's token, cut at EOS and at ``max_new_tokens``;
   5. cache bookkeeping as lengths: the target cache holds ``ids[:-1]`` after every iteration; the
@@ -30,7 +31,8 @@ from typing import Protocol
 
 from disco.policies import DraftStep, Policy
 from disco.decode.trace import (
-    STOP_CONFIDENCE, STOP_EOS, STOP_LENGTH, STOP_MAX_LOOKAHEAD, STOP_NONE, STOP_ORACLE, STOP_SHORT, IterationRecord,
+    STOP_CONFIDENCE, STOP_EOS, STOP_LENGTH, STOP_MAX_LOOKAHEAD, STOP_NONE, STOP_ORACLE, STOP_SHORT, STOP_SOURCE,
+    IterationRecord,
 )
 
 
@@ -137,11 +139,12 @@ class IterationCore:
         out_len = self.out_len
         remaining = self.max_new_tokens - out_len
         k_policy = policy.budget()
-        budget = max(0, min(k_policy, remaining - 1)) if policy.uses_assistant else 0
+        budget = max(0, min(k_policy, remaining - 1)) if policy.drafts else 0
         threshold = policy.threshold
         steps: list[DraftStep] = []
         forward_ms = 0.0
         draft_calls = 0
+        assistant_fed = 0  # tokens fed to the assistant this iteration (its first pass catches up, then one each)
         stop = STOP_NONE
 
         # 1-2. draft until the budget, EOS, the oracle or the policy stops it
@@ -152,6 +155,7 @@ class IterationCore:
                 d = backend.draft(self, j, fed)
                 self.a_len += fed
                 self.assistant_tokens += fed
+                assistant_fed += fed
                 forward_ms += d.ms
                 draft_calls += 1
                 step = (DraftStep.first(out_len, d.token, d.prob, d.entropy, d.margin, d.top10) if not steps
@@ -166,6 +170,12 @@ class IterationCore:
                 if policy.stop_after(step):
                     stop = STOP_CONFIDENCE
                     break
+        elif policy.proposes:  # copied from the context: a point-mass draft (confidence 1), no model pass
+            tokens = policy.propose(self.ids, budget, self.eos)[:budget]
+            for token in tokens:
+                steps.append(DraftStep.first(out_len, token, 1.0, 0.0, 1.0, 1.0) if not steps
+                             else steps[-1].then(token, 1.0, 0.0, 1.0, 1.0))
+            stop = (STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD) if len(tokens) == budget else STOP_SOURCE
         kept = policy.keep(steps) if steps else 0
         if kept < len(steps):  # e.g. llama.cpp's n-min: a draft too short to be worth sending is not sent
             steps, stop = steps[:kept], STOP_SHORT
@@ -223,11 +233,13 @@ class IterationCore:
             strategy=policy.spec, iteration=iteration, lookahead=len(drafts), accepted=accepted, emitted=len(new),
             stop_reason=stop, min_confidence=min(confidences) if confidences else math.nan,
             threshold=threshold if threshold is not None else math.nan,
-            max_lookahead=k_policy if policy.uses_assistant else 0,
+            max_lookahead=k_policy if policy.drafts else 0,
             draft_ms=t1 - t0, verify_ms=t2 - t1, iteration_ms=iteration_ms, elapsed_ms=self.elapsed_ms,
-            new_tokens=self.out_len, target_tokens=target_fed, draft_calls=draft_calls, forward_ms=forward_ms,
+            new_tokens=self.out_len, target_tokens=target_fed, draft_calls=draft_calls, assistant_tokens=assistant_fed,
+            forward_ms=forward_ms,
             confidences=confidences,
             assistant_precision=backend.assistant_precision if policy.uses_assistant else "none",
+            drafter="assistant" if policy.uses_assistant else ("lookup" if policy.proposes else "none"),
         )
         self.records.append(record)
         return record

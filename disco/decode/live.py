@@ -130,7 +130,11 @@ class Decoder(CoreView):
         logits, ms = self._forward(self.target, feed, len(drafts) + 1)
         if self.settings.sample:
             p = distribution(logits, self.settings)
-            q = torch.stack(self._q_rows[: len(drafts)]) if drafts else p[:0]
+            if self.policy.proposes:  # a copied draft is a point mass on the copied token
+                q = torch.zeros_like(p[: len(drafts)])
+                q[torch.arange(len(drafts)), torch.tensor(drafts, dtype=torch.long)] = 1.0
+            else:
+                q = torch.stack(self._q_rows[: len(drafts)]) if drafts else p[:0]
             accepted, token = speculative_accept(p, q, drafts, self.generator)
         else:
             accepted, token = greedy_accept(logits, drafts)
@@ -151,7 +155,7 @@ class Decoder(CoreView):
         top_logits, top_ids = top_logits.tolist(), top_ids.tolist()
         chosen = logits[torch.arange(len(new)), torch.tensor(new)].tolist()
         for i, token in enumerate(new):
-            if not self.policy.uses_assistant:
+            if not self.policy.drafts:
                 source, prob = SOURCE_AUTOREGRESSIVE, math.nan
             elif i < accepted:
                 source, prob = SOURCE_DRAFT, steps[i].prob

@@ -17,7 +17,7 @@ import pandas as pd
 from disco.decode.divergence import explain
 from disco.decode.live import Decoder, greedy_continuation
 from disco.decode.settings import DecodeSettings
-from disco.decode.trace import iterations_frame, summarize, tokens_frame
+from disco.decode.trace import iterations_frame, position_acceptance, summarize, tokens_frame
 from disco.errors import InputError, Interrupted
 from disco.models.pair import encode_prompt
 from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
@@ -97,6 +97,10 @@ class Snapshot:
     def export_tokens(self) -> pd.DataFrame:
         return _with_meta(self.tokens(), self.meta)
 
+    def export_positions(self) -> pd.DataFrame:
+        """Each lane's acceptance by draft position (``position_acceptance``) with the run's settings."""
+        return _with_meta(position_acceptance(self.iterations()), self.meta)
+
     def summaries(self, frame: pd.DataFrame | None = None) -> list[dict]:
         """Per-strategy summaries with speed-up and the lossless check against the autoregressive lane."""
         frame = self.iterations() if frame is None else frame
@@ -109,6 +113,7 @@ class Snapshot:
             row["done"] = d.done
             row["finish_reason"] = d.finish_reason
             row["assistant_precision"] = d.pair.assistant_precision if d.policy.uses_assistant else "none"
+            row["drafter"] = "assistant" if d.policy.uses_assistant else ("lookup" if d.policy.proposes else "none")
             row["speedup"] = (base_seconds / row["seconds"]) if base_seconds and d.done and row["seconds"] > 0 else math.nan
             row["divergence"] = None
             if self.settings.sample or base is None or not (base.done and d.done):

@@ -19,7 +19,9 @@ STOP_EOS = "eos"                    # the assistant drafted the end-of-sequence 
 STOP_ORACLE = "oracle"              # the oracle dropped a draft token the target would reject
 STOP_NONE = "none"                  # autoregressive: nothing drafted by design
 STOP_SHORT = "short"                # the policy discarded a draft as too short to send (llama.cpp's n-min)
-STOP_REASONS = (STOP_CONFIDENCE, STOP_MAX_LOOKAHEAD, STOP_LENGTH, STOP_EOS, STOP_ORACLE, STOP_NONE, STOP_SHORT)
+STOP_SOURCE = "source"              # prompt lookup: no earlier match, or the copied place ran out before K
+STOP_REASONS = (STOP_CONFIDENCE, STOP_MAX_LOOKAHEAD, STOP_LENGTH, STOP_EOS, STOP_ORACLE, STOP_NONE, STOP_SHORT,
+                STOP_SOURCE)
 
 # token sources
 SOURCE_DRAFT = "accepted_draft"
@@ -48,9 +50,11 @@ class IterationRecord:
     new_tokens: int           # output length after this iteration
     target_tokens: int        # tokens fed to the target in its pass (prompt + drafts on iteration 1)
     draft_calls: int          # assistant forward passes this iteration (includes a dropped oracle probe)
+    assistant_tokens: int     # tokens fed to the assistant in them (the first pass catches up, each other feeds one)
     forward_ms: float         # time spent inside the two models' forward passes (the rest is engine overhead)
     confidences: list[float] = field(default_factory=list)  # each drafted token's confidence, in order
-    assistant_precision: str = "none"  # the assistant this lane drafted with: model | int8 (none: autoregressive)
+    assistant_precision: str = "none"  # the assistant this lane drafted with: model | int8 | q4_0 (none: no assistant)
+    drafter: str = "assistant"         # what drafted: assistant | lookup (copied from the context) | none
 
     @property
     def mean_confidence(self) -> float:
@@ -133,3 +137,26 @@ def summarize(strategy: str, frame: pd.DataFrame) -> dict:
         "decode_tokens_per_s": decode_tokens / (decode_ms / 1000.0) if decode_ms > 0 else math.nan,
         "overhead_pct": 100.0 * (total_ms - float(rows["forward_ms"].sum())) / total_ms if total_ms > 0 else math.nan,
     }
+
+
+POSITION_COLUMNS = ["strategy", "position", "reached", "accepted", "rate"]
+
+
+def position_acceptance(frame: pd.DataFrame, group: str = "strategy") -> pd.DataFrame:
+    """Per-position conditional acceptance of each ``group`` (a lane): for draft position i (1-based), ``reached`` is
+    how many drafts had an i-th token *and* had their first i - 1 tokens accepted, ``accepted`` how many of those had
+    the i-th accepted too, ``rate`` their ratio (what vLLM's ``num_accepted_tokens_per_pos`` and llama.cpp's
+    per-position statistics report, conditioned). From the iteration rows only (``lookahead``, ``accepted``)."""
+    rows = []
+    if frame is None or frame.empty:
+        return pd.DataFrame(rows, columns=[group, *POSITION_COLUMNS[1:]])
+    for key, part in frame.groupby(group, sort=False):
+        drafted = part["lookahead"].to_numpy()
+        accepted = part["accepted"].to_numpy()
+        for i in range(1, int(drafted.max(initial=0)) + 1):
+            reached = int(((drafted >= i) & (accepted >= i - 1)).sum())
+            if reached == 0:
+                break
+            ok = int((accepted >= i).sum())
+            rows.append({group: key, "position": i, "reached": reached, "accepted": ok, "rate": ok / reached})
+    return pd.DataFrame(rows, columns=[group, *POSITION_COLUMNS[1:]])

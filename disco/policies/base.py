@@ -136,6 +136,7 @@ class Policy:
     canonical: ClassVar[str] = ""     # the spec drawn in the kind's pure hue (others get shades of it)
     cite: ClassVar[str] = ""          # where the rule comes from
     uses_assistant: ClassVar[bool] = True
+    proposes: ClassVar[bool] = False             # drafts without a model, from the context (``propose``; prompt lookup)
     greedy_only: ClassVar[bool] = False
     probes_verification: ClassVar[bool] = False  # the oracle only (see Oracle)
     needs_costs: ClassVar[bool] = False          # cannot run without the run's cost profile (RunContext.costs)
@@ -177,8 +178,18 @@ class Policy:
         for name, value in self.values.items():
             setattr(self, name, value)
 
+    @property
+    def drafts(self) -> bool:
+        """Whether this policy drafts at all (with the assistant or from the context)."""
+        return self.uses_assistant or self.proposes
+
     def budget(self) -> int:
         return getattr(self, "k", 0) if self.uses_assistant else 0
+
+    def propose(self, ids: list[int], budget: int, eos) -> list[int]:
+        """A model-free draft of at most ``budget`` tokens from the context ``ids`` (prompt + output so far), for a
+        policy that ``proposes``; none by default."""
+        return []
 
     @property
     def threshold(self) -> float | None:

@@ -7,6 +7,9 @@ import pytest
 from gradio_client import Client
 
 import app
+from disco.app.race_tab import OUTPUT_LABELS
+
+ITERATIONS_CSV, TOKENS_CSV, SUMMARY = (OUTPUT_LABELS.index(n) for n in ("iterations_csv", "tokens_csv", "summary"))
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,7 @@ def test_only_prompt_is_required(client):
 
 def test_compare_with_only_a_prompt_returns_a_trace_csv(client):
     result = client.predict("Write a haiku about caches.", api_name="/compare")
-    status, iterations_csv, tokens_csv = result[0], result[-2], result[-1]
+    status, iterations_csv, tokens_csv = result[0], result[ITERATIONS_CSV], result[TOKENS_CSV]
     assert "Done" in status
     trace = pd.read_csv(iterations_csv)
     tokens = pd.read_csv(tokens_csv)
@@ -52,10 +55,30 @@ def test_compare_with_only_a_prompt_returns_a_trace_csv(client):
     assert (confident["lookahead"] == confident["max_lookahead"]).all()
 
 
+def test_prompt_lookup_lanes_and_the_positions_csv(client):
+    """Lookup lanes (no assistant) race through the API; the positions CSV is the iterations CSV's per-position
+    acceptance, with the run's settings on every row."""
+    from disco.decode.trace import position_acceptance
+
+    prompt = "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2,"
+    result = client.predict(prompt, lane_a="lookup", lane_b="copy", k=4, max_lookahead=8, max_new_tokens=32,
+                            chat=False, api_name="/compare")
+    assert "Done" in result[0] and "yes" in str(result[SUMMARY]["data"])
+    trace = pd.read_csv(result[ITERATIONS_CSV])
+    assert set(trace["strategy"]) == {"autoregressive", "lookup:4:2", "copy:8:2"}
+    lookup = trace[trace["strategy"] != "autoregressive"]
+    assert (lookup["drafter"] == "lookup").all() and (lookup["draft_calls"] == 0).all()
+    assert (lookup["assistant_precision"] == "none").all()
+    positions = pd.read_csv(result[OUTPUT_LABELS.index("positions_csv")])
+    expected = position_acceptance(trace[trace["strategy"] != "autoregressive"])
+    assert len(positions) == len(expected) > 0 and (positions["models"] == "tiny").all()
+    pd.testing.assert_frame_equal(positions[expected.columns].reset_index(drop=True), expected, check_dtype=False)
+
+
 def test_compare_with_keywords_and_bad_input(client):
     result = client.predict(prompt="abc", lane_a="heuristic", lane_b="threshold", threshold=0.75, max_lookahead=6,
                             max_new_tokens=8, baseline=False, chat=False, api_name="/compare")
-    trace = pd.read_csv(result[-2])
+    trace = pd.read_csv(result[ITERATIONS_CSV])
     assert set(trace["strategy"]) == {"heuristic:5", "threshold:0.75:6"}
     with pytest.raises(Exception, match="prompt is empty"):
         client.predict("  ", api_name="/compare")
@@ -69,10 +92,10 @@ def test_each_lane_chooses_its_assistant(client):
     """One run shows the same policy with the model assistant and the int8 one side by side."""
     result = client.predict("def add(a, b):", lane_a="static", lane_b="static", k=4, max_new_tokens=24, chat=False,
                             lane_a_assistant="model", lane_b_assistant="int8", api_name="/compare")
-    trace = pd.read_csv(result[-2])
+    trace = pd.read_csv(result[ITERATIONS_CSV])
     by_lane = trace.groupby("strategy")["assistant_precision"].agg(set).to_dict()
     assert by_lane == {"autoregressive": {"none"}, "static:4@model": {"model"}, "static:4@int8": {"int8"}}
-    summary = result[-3]
+    summary = result[SUMMARY]
     rows = {r[0]: r for r in summary["data"]}
     assert rows["static:4@int8"][1] == "int8" and rows["static:4@int8"][-1] == "yes"  # identical to the baseline
 
@@ -90,10 +113,14 @@ def test_the_auto_lane_runs_the_machine_profile_recommendation(client):
             assert "still being measured" in str(exc), exc
             assert time.monotonic() < deadline, "the machine profile never became ready"
             time.sleep(1.0)
-    trace = pd.read_csv(result[-2])
+    trace = pd.read_csv(result[ITERATIONS_CSV])
     auto = [s for s in set(trace["strategy"]) if s not in ("autoregressive", "static:5")]
     # the recommendation, or the target alone where no speculative setting beat it (then it runs once)
     assert (len(auto) == 1 and "@" in auto[0]) or (auto == [] and "auto = autoregressive" in result[0])
+    # and the setting to take away, for the engines people deploy with
+    assert "auto's setting for transformers, llama.cpp and vLLM" in result[0]
+    assert ("num_assistant_tokens" in result[0] and "--spec-draft-n-max" in result[0]) or \
+        "leave speculative decoding off" in result[0]
 
 
 @pytest.mark.parametrize("lane_a,lane_b,expect", [
@@ -105,8 +132,8 @@ def test_the_new_stopping_rules_run_as_lanes(client, lane_a, lane_b, expect):
     """Every new rule is a lane: its parameters come from the shared sliders its metadata names."""
     result = client.predict("def add(a, b):", lane_a=lane_a, lane_b=lane_b, threshold=0.3, max_lookahead=12,
                             max_new_tokens=24, chat=False, api_name="/compare")
-    trace = pd.read_csv(result[-2])
+    trace = pd.read_csv(result[ITERATIONS_CSV])
     assert set(trace["strategy"]) == expect | {"autoregressive"}
-    rows = {r[0]: r for r in result[-3]["data"]}
+    rows = {r[0]: r for r in result[SUMMARY]["data"]}
     assert all(rows[s][-1] == "yes" for s in expect)  # identical to the baseline
     assert (trace.groupby("strategy")["new_tokens"].max() == 24).all()

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from disco.cli import main
+from disco.app.race_tab import OUTPUT_LABELS
+
+ITERATIONS_CSV, TOKENS_CSV, SUMMARY = (OUTPUT_LABELS.index(n) for n in ("iterations_csv", "tokens_csv", "summary"))
 
 ROOT = Path(__file__).resolve().parents[2]
 SURROGATE = "abc\udcff def"  # what Python makes of invalid UTF-8 bytes in argv (surrogateescape)
@@ -234,8 +237,8 @@ def test_a_run_over_the_time_budget_stops_with_its_partial_trace(monkeypatch, se
         result = client.predict("Once upon a time", lane_a="static:32", lane_b="threshold:0:32", max_lookahead=32,
                                 max_new_tokens=512, api_name="/compare")
     assert "Stopped" in result[0] and "time budget of 0.5 s" in result[0]
-    if result[-2] is not None:  # at least one iteration completed: its trace is kept
-        trace = pd.read_csv(result[-2])
+    if result[ITERATIONS_CSV] is not None:  # at least one iteration completed: its trace is kept
+        trace = pd.read_csv(result[ITERATIONS_CSV])
         assert (trace.groupby("strategy")["new_tokens"].max() < 512).all()
 
 

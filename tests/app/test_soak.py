@@ -12,6 +12,9 @@ import pytest
 from gradio_client import Client
 
 import app
+from disco.app.race_tab import OUTPUT_LABELS
+
+ITERATIONS_CSV, TOKENS_CSV, SUMMARY = (OUTPUT_LABELS.index(n) for n in ("iterations_csv", "tokens_csv", "summary"))
 
 MEMORY_BOUND_MB = 60  # measured 10.9 MB over 50 runs on the tiny pair (2026-12-03); bound with margin
 
@@ -32,7 +35,7 @@ def url(serve_app, tmp_path_factory):
 
 
 def _valid_trace(result, lanes=3) -> bool:
-    trace = pd.read_csv(result[-2])
+    trace = pd.read_csv(result[ITERATIONS_CSV])
     return "Done" in result[0] and trace["strategy"].nunique() == lanes and \
         all((rows["emitted"].sum() == rows["new_tokens"].iloc[-1]) for _, rows in trace.groupby("strategy"))
 

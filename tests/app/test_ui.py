@@ -114,17 +114,17 @@ def test_compare_streams_growing_text_figures_and_final_csv(updates):
     assert counts == sorted(counts) and counts[-1] > counts[0]  # the dynamic lane's text grows
     for u in running:
         assert "Running" in u[0]
-        assert all(isinstance(f, go.Figure) for f in u[2:6])
-        assert all(isinstance(x, dict) and x.get("__type__") == "update" for x in u[7:9])  # no CSV until the end
+        assert all(isinstance(f, go.Figure) for f in u[2:7])
+        assert all(isinstance(x, dict) and x.get("__type__") == "update" for x in u[8:11])  # no CSV until the end
     assert "Done" in final[0]
-    assert all(isinstance(f, go.Figure) and f.data for f in final[2:6])
+    assert all(isinstance(f, go.Figure) and f.data for f in final[2:7])
     race = final[2]
     assert {t.name.split(" · ")[0] for t in race.data} == {"autoregressive", "static:5", "threshold:0.4:20"}
-    summary = final[6]
+    summary = final[ui.OUTPUT_LABELS.index("summary")]
     assert list(summary["lane"]) == ["autoregressive", "static:5", "threshold:0.4:20"]
     assert (summary["new tokens"] == N_TOKENS).all()
-    iterations = pd.read_csv(final[7])
-    tokens = pd.read_csv(final[8])
+    iterations = pd.read_csv(final[ui.OUTPUT_LABELS.index("iterations_csv")])
+    tokens = pd.read_csv(final[ui.OUTPUT_LABELS.index("tokens_csv")])
     assert set(iterations["strategy"]) == set(summary["lane"])
     assert {"models", "dtype", "device", "max_new_tokens", "threshold", "confidences"} <= set(iterations.columns)
     assert (iterations["models"] == TINY).all()
@@ -138,7 +138,7 @@ def test_figures_have_a_slower_cadence_than_text(pair):
     running = updates[1:-1]
     assert len(running) >= 2
     assert isinstance(running[0][2], go.Figure)  # the first running update draws
-    assert all(isinstance(f, dict) and f.get("__type__") == "update" for u in running[1:] for f in u[2:6])
+    assert all(isinstance(f, dict) and f.get("__type__") == "update" for u in running[1:] for f in u[2:7])
     assert all(isinstance(f, go.Figure) for f in updates[-1][2:6])  # the final update always draws
 
 
@@ -156,11 +156,11 @@ def test_stop_ends_the_run_with_the_partial_trace(pair):
     *_, shown, final = updates
     assert "Running" in shown[0]
     assert "Stopped" in final[0] and "Done" not in final[0]
-    summary = final[6]
-    assert summary.equals(shown[6])  # exactly where the page was when Stop was pressed
+    summary = final[ui.OUTPUT_LABELS.index("summary")]
+    assert summary.equals(shown[ui.OUTPUT_LABELS.index("summary")])  # exactly where the page was when Stop was pressed
     assert (summary["new tokens"] < 64).all()
-    iterations = pd.read_csv(final[7])
-    tokens = pd.read_csv(final[8])
+    iterations = pd.read_csv(final[ui.OUTPUT_LABELS.index("iterations_csv")])
+    tokens = pd.read_csv(final[ui.OUTPUT_LABELS.index("tokens_csv")])
     assert set(iterations["strategy"]) == {"autoregressive", "static:5", "threshold:0.4:20"}
     for lane in summary["lane"]:
         made = int(summary.loc[summary["lane"] == lane, "new tokens"].iloc[0])
@@ -171,7 +171,7 @@ def test_stop_ends_the_run_with_the_partial_trace(pair):
 
 def test_stop_before_the_first_iteration_ends_cleanly(pair):
     *_, final = ui.compare(pair, "abc", lane_b="oracle", max_new_tokens=32, should_stop=lambda: True)
-    assert "Stopped" in final[0] and final[7] is None and final[8] is None
+    assert "Stopped" in final[0] and all(final[i] is None for i in (8, 9, 10))
 
 
 def test_stop_signals_are_per_session_and_rearmed_by_run():
@@ -233,7 +233,7 @@ def test_extreme_sliders_run(pair):
     """Threshold 0 (never stops on confidence) and 1 (stops after every draft), K and KMAX at their bounds."""
     *_, final = ui.compare(pair, "abc", lane_a="static", lane_b="threshold", k=32, threshold=0.0, max_lookahead=1,
                            max_new_tokens=4, baseline=False, chat=False, interval=0.0)
-    assert list(final[6]["lane"]) == ["static:32", "threshold:0:1"]
+    assert list(final[ui.OUTPUT_LABELS.index("summary")]["lane"]) == ["static:32", "threshold:0:1"]
     *_, final = ui.compare(pair, "abc", lane_a="static", lane_b="threshold", k=1, threshold=1.0, max_lookahead=32,
                            max_new_tokens=4, interval=0.0, sample=True, seed=3)
     assert "Done" in final[0]
@@ -286,7 +286,7 @@ def test_plots_from_trace_and_csv(snapshot, tmp_path):
     path = tmp_path / "trace.csv"
     snapshot.export_iterations().to_csv(path, index=False)
     for source in (frame, pd.read_csv(path)):
-        race, lookahead, latency, confidence = plots.all_figures(source, snapshot.strategies)
+        race, lookahead, latency, confidence, positions = plots.all_figures(source, snapshot.strategies)
         assert [t.line.color for t in race.data] == [plots.strategy_color(s) for s in snapshot.strategies]
         assert race.layout.xaxis.title.text and race.layout.yaxis.title.text
         # autoregressive has no drafts: two drafting panels; latency shows all three lanes
@@ -296,6 +296,12 @@ def test_plots_from_trace_and_csv(snapshot, tmp_path):
         assert len({t.yaxis for t in latency.data}) == 3
         taus = [s.y0 for s in confidence.layout.shapes]
         assert taus and set(taus) == {0.4}
+        # acceptance by draft position: one line per drafting lane, its first point every drafting iteration
+        assert [t.name for t in positions.data] == ["static:4", "threshold:0.4:12"]
+        for t in positions.data:
+            lane = source[(source["strategy"] == t.name) & (source["lookahead"] > 0)]
+            assert t.x[0] == 1 and t.customdata[0][1] == len(lane)
+            assert t.customdata[0][0] == (lane["accepted"] >= 1).sum()
         drafted = sum(len(plots.confidence_points(source, s)) for s in ("static:4", "threshold:0.4:12"))
         assert drafted == int(frame["lookahead"].sum())
 

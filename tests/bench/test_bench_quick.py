@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from disco import cli
 def bench_main(argv: list[str]) -> int:
     """``python -m disco bench ARGV``, in this process."""
     return cli.main(["bench", *argv])
+from disco.policies import parse_strategy
 from disco.policies.grids import default_grid
 
 RUN_COLUMNS = {"prompt_id", "kind", "chat", "strategy", "mode", "implementation", "seconds", "new_tokens",
@@ -33,9 +35,13 @@ def quick(tmp_path_factory):
 
 def test_quick_writes_every_output(quick):
     for name in ("runs.csv", "summary.csv", "summary.md", "heatmap.html", "heatmap.svg", "meta.json",
-                 "theory.csv", "validation.csv", "peer.csv", "timed_iterations.csv"):
+                 "theory.csv", "validation.csv", "peer.csv", "timed_iterations.csv", "positions.csv"):
         assert (quick / name).is_file() and (quick / name).stat().st_size > 0, name
-    assert "plotly" in (quick / "heatmap.html").read_text().lower()
+    html = (quick / "heatmap.html").read_text()
+    assert "plotly" in html.lower()
+    # it opens offline: every script it loads is a file beside it (no CDN)
+    sources = re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", html)
+    assert sources and all("//" not in src and (quick / src).is_file() for src in sources), sources
     assert (quick / "heatmap.svg").read_text().startswith("<svg")
 
 
@@ -55,19 +61,39 @@ def test_runs_csv_has_replay_grid_timed_and_peer_rows(quick):
     # transformers' own ROC-adapted threshold is a peer too: same text and target passes as ours (checked below)
     assert {"hf:autoregressive", "hf:threshold:0.4:20", "hf:adaptive:0.4:20"} <= set(peer["strategy"])
     assert peer["strategy"].str.startswith("hf:").all()
-    assert len(peer) == len(ours)  # every timed strategy has its peer (no oracle by default)
+    # every timed strategy transformers can run has its peer (no oracle by default; copy is this project's own)
+    with_peer = ours[ours["strategy"].map(lambda s: parse_strategy(s).hf_kwargs() is not None)]
+    assert len(peer) == len(with_peer)
+    assert {s.split(":")[0] for s in set(ours["strategy"]) - set(with_peer["strategy"])} <= {"copy"}
+    assert {"lookup:10:2", "hf:lookup:10:2"} <= set(timed["strategy"])  # prompt lookup: transformers' own too
     # greedy decoding is lossless for both implementations, and both make the same target passes
     assert timed["identical_to_autoregressive"].astype(bool).all()
     assert peer["same_as_ours"].astype(bool).all()
-    merged = ours.assign(peer="hf:" + ours["strategy"]).merge(
+    merged = with_peer.assign(peer="hf:" + with_peer["strategy"]).merge(
         peer, left_on=["prompt_id", "peer"], right_on=["prompt_id", "strategy"], suffixes=("", "_hf"))
-    assert len(merged) == len(ours)
+    assert len(merged) == len(with_peer)
     assert (merged["target_passes"] == merged["target_passes_hf"]).all()
     assert (merged["new_tokens"] == merged["new_tokens_hf"]).all()
     assert (runs["seconds"] > 0).all()
     ar = ours[ours["strategy"] == "autoregressive"]
     assert (ar["speedup"] == 1.0).all() and (ar["target_passes"] == ar["new_tokens"]).all()
     assert (runs["sklearn_available"] == True).all()  # noqa: E712 - a dependency now (adaptive, disco)
+
+
+def test_positions_csv_is_the_replayed_drafts_per_position(quick):
+    """positions.csv pools every replayed draft of a strategy; its first position's counts are the runs table's
+    drafting iterations and first-token acceptances (replay rows, all prompts)."""
+    positions = pd.read_csv(quick / "positions.csv")
+    assert {"strategy", "kind", "position", "reached", "accepted", "rate"} <= set(positions.columns)
+    timed = pd.read_csv(quick / "timed_iterations.csv")
+    assert (positions["accepted"] <= positions["reached"]).all()
+    first = positions[(positions["kind"] == "all") & (positions["position"] == 1)].set_index("strategy")
+    # the timed runs are greedy and replay is exact: the same drafts, position by position
+    for spec, rows in timed[timed["lookahead"] > 0].groupby("strategy"):
+        assert first.loc[spec, "reached"] == len(rows), spec
+        assert first.loc[spec, "accepted"] == (rows["accepted"] >= 1).sum(), spec
+    md = (quick / "summary.md").read_text()
+    assert "Acceptance by draft position" in md and "`lookup:10:2`" in md
 
 
 def test_validation_replay_predicts_timed_iterations_exactly(quick):

@@ -86,7 +86,7 @@ def test_sweep_endpoint_returns_the_heatmap_table_and_csv(prompts, tmp_path, mon
         bad_profiles = [client.predict([prompts[0].id], "1", "0.4", "4", False, False, 16, text, None,
                                        api_name="/sweep")[0] for text in ("gpu", "flat:x", "/etc/hosts.csv")]
     status, csv_path = result[0], result[5]
-    assert "2/2 prompts replayed" in status
+    assert "2/2 prompts replayed" in status and "for transformers, llama.cpp and vLLM" in status
     runs = pd.read_csv(csv_path)
     assert set(runs["prompt_id"]) == {p.id for p in prompts}
     assert {"static:1", "static:3", "heuristic:5", "threshold:0.3:4", "threshold:0.6:8"} <= set(runs["strategy"])

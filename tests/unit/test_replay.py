@@ -108,7 +108,7 @@ def test_default_grid_replays_like_the_engine(tiny_pair):
     grid = default_grid()
     classic = 1 + 11 + 1 + 19 * 4 + 1
     assert grid[0].spec == "autoregressive" and len(default_grid(kinds=())) == classic
-    assert {p.kind for p in grid[classic:]} == {"adaptive", "entropy", "cumulative", "costaware", "disco", "pmin"}
+    assert {p.kind for p in grid[classic:]} == {"adaptive", "entropy", "cumulative", "costaware", "disco", "pmin", "lookup", "copy"}
     ids = encode_prompt(tiny_pair, "Explain KV caches.", True, 24)
     table = build_table(tiny_pair, ids, 24)
     results = replay_many(table, grid, 24, COSTS)

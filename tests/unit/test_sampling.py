@@ -22,26 +22,27 @@ SAMPLES = 3000
 SETTINGS = dict(max_new_tokens=NEW, sample=True, temperature=1.0, top_p=1.0)
 
 
-def exact_joint(pair, settings: DecodeSettings) -> dict[tuple, float]:
+def exact_joint(pair, settings: DecodeSettings, prompt: list[int] = PROMPT) -> dict[tuple, float]:
     """The target's own distribution over every continuation of NEW tokens, by enumeration."""
     vocab = pair.target.config.vocab_size
     probs = {}
     with torch.inference_mode():
         for seq in itertools.product(range(vocab), repeat=NEW):
-            ids = torch.tensor([PROMPT + list(seq)])
+            ids = torch.tensor([prompt + list(seq)])
             logits = pair.target(input_ids=ids, use_cache=False).logits[0]
-            dist = distribution(logits[len(PROMPT) - 1: len(PROMPT) - 1 + NEW], settings)
+            dist = distribution(logits[len(prompt) - 1: len(prompt) - 1 + NEW], settings)
             probs[seq] = float(np.prod([dist[i, t].item() for i, t in enumerate(seq)]))
     total = sum(probs.values())
     assert abs(total - 1.0) < 1e-4
     return probs
 
 
-def sample_counts(pair, settings: DecodeSettings, strategy: str) -> tuple[dict[tuple, int], float]:
+def sample_counts(pair, settings: DecodeSettings, strategy: str,
+                  prompt: list[int] = PROMPT) -> tuple[dict[tuple, int], float]:
     counts: dict[tuple, int] = {}
     drafted = accepted = 0
     for seed in range(SAMPLES):
-        d = Decoder(pair, PROMPT, parse_strategy(strategy), DecodeSettings(**{**SETTINGS, "seed": seed,
+        d = Decoder(pair, prompt, parse_strategy(strategy), DecodeSettings(**{**SETTINGS, "seed": seed,
                                                                                 "temperature": settings.temperature,
                                                                                 "top_p": settings.top_p}))
         d.run()
@@ -110,6 +111,27 @@ def test_a_wrong_acceptance_rule_fails_the_test(small_pair, monkeypatch, wrong_r
     probs = exact_joint(small_pair, settings)
     monkeypatch.setattr(engine, "speculative_accept", wrong_rule)
     counts, _ = sample_counts(small_pair, settings, "static:2")
+    assert p_value(counts, probs) < 1e-6
+
+
+@pytest.mark.parametrize("strategy", ["lookup:2", "copy:4:1"])
+def test_prompt_lookup_sampling_keeps_the_target_distribution(small_pair, strategy):
+    """A copied draft is a point mass: the Leviathan rule with q = one-hot must still give the target's law."""
+    prompt = [2, 2, 2, 2, 0, 2, 2]  # "2 2" recurs: every iteration copies a draft the target often (not always) takes
+    settings = DecodeSettings(**SETTINGS)
+    probs = exact_joint(small_pair, settings, prompt)
+    counts, acceptance = sample_counts(small_pair, settings, strategy, prompt)
+    assert 0.1 < acceptance < 0.95
+    assert p_value(counts, probs) > 1e-3
+
+
+def test_a_wrong_point_mass_rule_fails_too(small_pair, monkeypatch):
+    """Accepting every copied token (trusting the copy) must fail the same test."""
+    prompt = [2, 2, 2, 2, 0, 2, 2]
+    settings = DecodeSettings(**SETTINGS)
+    probs = exact_joint(small_pair, settings, prompt)
+    monkeypatch.setattr(engine, "speculative_accept", _accept_everything)
+    counts, _ = sample_counts(small_pair, settings, "lookup:2", prompt)
     assert p_value(counts, probs) < 1e-6
 
 

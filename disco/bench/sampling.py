@@ -1,0 +1,269 @@
+"""The seed's question under sampling: is τ = 0.4 with at most 20 draft tokens still almost optimal when the
+target samples? (``python -m disco sampling``)
+
+Replay is exact only for greedy decoding, so sampling is measured by live runs: the settings greedy replay ranks
+best on the suite's *train* prompts (best static K, best threshold), ``threshold:0.4:20`` and the target alone are
+run with ``do_sample`` on the *test* prompts, at each temperature, with several seeds. Each run's cost is then
+taken two ways:
+  * modelled: its own records (target pass sizes, assistant passes) costed by the per-pass costs measured on this
+    machine (``CostModel.iteration_ms``, what replay charges), and by any ``flat:C`` profile (a GPU-like regime);
+    this removes the machine's timing noise, not the sampling's randomness: the passes are the run's own;
+  * wall: the run's own clock, for reference.
+Speed-up = the target alone's ms per token / the setting's ms per token on the same prompt, temperature and seed
+(the two sample different texts of possibly different lengths, so per token). Geometric mean over the test
+prompts per seed; the spread is across seeds.
+
+Checked in ``tests/bench/test_sampling_study.py``: a greedy run's modelled time equals replay's for the same
+setting (the costing is replay's), and the study's numbers are recomputed from its rows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+
+from disco.bench.analysis import REFERENCE_SETTING, geomean
+from disco.bench.suite import SuitePrompt
+from disco.costs.model import CostModel
+from disco.decode.live import Decoder
+from disco.decode.settings import DecodeSettings
+from disco.models.pair import encode_prompt
+from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
+
+TEMPERATURES = (0.7, 1.0)
+SEEDS = 3
+ROW_COLUMNS = ["prompt_id", "kind", "split", "strategy", "temperature", "seed", "new_tokens", "iterations",
+               "drafted", "accepted", "acceptance_rate", "target_tokens", "assistant_passes", "wall_ms"]
+
+
+def modelled_ms(records, costs: CostModel) -> float:
+    """A run's time under ``costs``, from its own iteration records."""
+    return sum(costs.iteration_ms(r.target_tokens, r.draft_calls, r.assistant_tokens) for r in records)
+
+
+def run_one(pair, ids: list[int], policy: Policy, max_new_tokens: int, temperature: float, seed: int, top_p: float,
+            costs: dict[str, CostModel]) -> dict:
+    settings = DecodeSettings(max_new_tokens=max_new_tokens, sample=True, temperature=temperature, top_p=top_p,
+                              seed=seed)
+    start = time.perf_counter()
+    decoder = Decoder(pair, list(ids), policy, settings).run()
+    wall = (time.perf_counter() - start) * 1000.0
+    recs = decoder.records
+    drafted = sum(r.lookahead for r in recs)
+    accepted = sum(r.accepted for r in recs)
+    row = {"strategy": policy.spec, "temperature": temperature, "seed": seed, "new_tokens": len(decoder.output_ids),
+           "iterations": len(recs), "drafted": drafted, "accepted": accepted,
+           "acceptance_rate": accepted / drafted if drafted else math.nan,
+           "target_tokens": sum(r.target_tokens for r in recs), "assistant_passes": sum(r.draft_calls for r in recs),
+           "wall_ms": wall}
+    for name, model in costs.items():
+        row[f"ms_{name}"] = modelled_ms(recs, model)
+    return row
+
+
+def run_study(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_tokens: int, costs: dict[str, CostModel],
+              temperatures=TEMPERATURES, seeds: int = SEEDS, top_p: float = 1.0, progress=None) -> pd.DataFrame:
+    """Every (prompt, temperature, seed, policy) run once, the target alone included; one row each."""
+    specs = [p.spec for p in policies]
+    if AUTOREGRESSIVE not in specs:
+        policies = [parse_strategy(AUTOREGRESSIVE), *policies]
+    rows = []
+    total = len(prompts) * len(temperatures) * seeds * len(policies)
+    for p in prompts:
+        ids = encode_prompt(pair, p.prompt, p.chat, max_new_tokens)
+        for t in temperatures:
+            for seed in range(seeds):
+                for policy in policies:
+                    row = run_one(pair, ids, policy, max_new_tokens, t, seed, top_p, costs)
+                    rows.append({"prompt_id": p.id, "kind": p.kind, "split": p.split, **row})
+                    if progress is not None:
+                        progress(len(rows), total)
+    return pd.DataFrame(rows)
+
+
+def speedups(rows: pd.DataFrame, cost: str) -> pd.DataFrame:
+    """Per run: the target alone's ms per token over the run's, same prompt, temperature and seed (``cost``: a
+    profile name, or ``wall``)."""
+    col = "wall_ms" if cost == "wall" else f"ms_{cost}"
+    per_token = rows.assign(ms_per_token=rows[col] / rows["new_tokens"].clip(lower=1))
+    keys = ["prompt_id", "temperature", "seed"]
+    base = per_token[per_token["strategy"] == AUTOREGRESSIVE].set_index(keys)["ms_per_token"]
+    out = per_token[per_token["strategy"] != AUTOREGRESSIVE].copy()
+    out["speedup"] = [base.get(tuple(k), math.nan) / v for k, v in zip(out[keys].itertuples(index=False),
+                                                                      out["ms_per_token"])]
+    return out
+
+
+def summary(rows: pd.DataFrame, costs: list[str]) -> pd.DataFrame:
+    """Per cost, temperature and strategy: the geomean speed-up over prompts for each seed, their mean, min and max,
+    the acceptance, and the share of the best strategy's mean (the seed's "almost optimal")."""
+    out = []
+    for cost in costs:
+        sp = speedups(rows, cost)
+        for (t, spec), part in sp.groupby(["temperature", "strategy"], sort=False):
+            per_seed = [geomean(g["speedup"]) for _, g in part.groupby("seed")]
+            out.append({"cost": cost, "temperature": t, "strategy": spec, "seeds": len(per_seed),
+                        "prompts": part["prompt_id"].nunique(), "speedup_mean": sum(per_seed) / len(per_seed),
+                        "speedup_min": min(per_seed), "speedup_max": max(per_seed),
+                        "acceptance": part["accepted"].sum() / max(1, part["drafted"].sum())})
+    frame = pd.DataFrame(out)
+    if frame.empty:
+        return frame
+    best = frame.groupby(["cost", "temperature"])["speedup_mean"].transform("max")
+    frame["of_best"] = frame["speedup_mean"] / best
+    return frame
+
+
+def summary_md(table: pd.DataFrame, meta: dict) -> str:
+    """The report: one table per cost (modelled on this machine, flat profiles, wall), strategies × temperatures."""
+    lines = [f"# The seed's question under sampling: {meta.get('models')} ({meta.get('engine')})", "",
+             f"Command: `{meta.get('command')}`  ",
+             f"Machine: {meta.get('machine')}  ",
+             f"Settings chosen by greedy replay on the train prompts: {', '.join(f'`{s}`' for s in meta['chosen'])}; "
+             f"run with sampling on {meta['prompts']} test prompts, {meta['max_new_tokens']} new tokens, top-p "
+             f"{meta['top_p']:g}, seeds 0..{meta['seeds'] - 1} at each temperature. Speed-up = the target alone's ms "
+             "per token / the setting's, same prompt, temperature and seed; geometric mean over prompts per seed, "
+             "mean [min–max] over seeds; \"of best\" = share of the best setting's mean at that temperature.", ""]
+    names = {"measured": "modelled with this machine's measured pass costs", "wall": "wall clock of the runs"}
+    for cost, part in table.groupby("cost", sort=False):
+        temps = sorted(part["temperature"].unique())
+        lines += [f"## {names.get(cost, f'modelled with the `{cost}` profile')}", "",
+                  "| strategy | " + " | ".join(f"T = {t:g}: speed-up, of best, acceptance" for t in temps) + " |",
+                  "|---|" + "---|" * len(temps)]
+        for spec in dict.fromkeys(part["strategy"]):
+            cells = []
+            for t in temps:
+                r = part[(part["strategy"] == spec) & (part["temperature"] == t)]
+                if r.empty:
+                    cells.append("—")
+                    continue
+                r = r.iloc[0]
+                cells.append(f"{r['speedup_mean']:.2f}x [{r['speedup_min']:.2f}–{r['speedup_max']:.2f}], "
+                             f"{100 * r['of_best']:.0f} %, {r['acceptance']:.2f}")
+            mark = " (the seed's)" if spec == REFERENCE_SETTING else ""
+            lines.append(f"| `{spec}`{mark} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# the command: python -m disco sampling
+
+
+def add_command(sub) -> None:
+    from pathlib import Path
+
+    from disco import options
+    from disco.bench.suite import DEFAULT_SUITE
+
+    p = sub.add_parser("sampling", help="the seed's question under sampling: live sampled runs of the settings greedy "
+                                        "replay ranks best, several temperatures and seeds",
+                       description=__doc__.split("\n\n")[0])
+    options.add_models(p)
+    options.add_numerics(p)
+    p.add_argument("--suite", default=None, help=f"prompt suite (default {DEFAULT_SUITE.name})")
+    p.add_argument("--prompts", default=None, help="comma-separated prompt ids or kinds to keep (both splits)")
+    p.add_argument("--max-new-tokens", type=options.positive, default=48, help="tokens per run (default 48)")
+    p.add_argument("--temperatures", type=options.number_list(float), default=list(TEMPERATURES),
+                   help="comma-separated (default 0.7,1)")
+    p.add_argument("--top-p", type=options.number, default=1.0, help="nucleus sampling (default 1: off)")
+    p.add_argument("--seeds", type=options.positive, default=SEEDS, help=f"seeds per temperature (default {SEEDS})")
+    p.add_argument("--strategies", default=None,
+                   help="comma-separated specs to run (default: the best static K and best threshold of greedy replay "
+                        "on the train prompts, and threshold:0.4:20)")
+    p.add_argument("--cost-profile", action="append", default=[], metavar="flat:C",
+                   help="also cost every run under this profile (repeatable; default flat:0.05)")
+    p.add_argument("--out", type=Path, default=Path("bench-out/sampling"), help="output folder")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_sampling)
+
+
+def _choose(pair, prompts, max_new_tokens: int, costs: CostModel, log) -> list[str]:
+    """The best static K and the best threshold of greedy replay on ``prompts`` (the train split), and the seed's."""
+    from disco.bench.analysis import best_settings, summarize_runs
+    from disco.bench.runs import prepare_table, replay_rows
+    from disco.policies import KMAXES, STATIC_KS, TAUS
+    from disco.policies.grids import default_grid
+    from disco.replay.run import replay_many
+
+    grid = default_grid(STATIC_KS, TAUS, KMAXES, heuristic=(), oracle=False, kinds=())
+    runs = []
+    for i, p in enumerate(prompts):
+        log(f"greedy replay on the train prompts: {p.id} ({i + 1}/{len(prompts)})")
+        table, _ = prepare_table(pair, p, grid, max_new_tokens, None)
+        runs += replay_rows(p, table, replay_many(table, grid, max_new_tokens, costs), {"max_new_tokens": max_new_tokens})
+    best = best_settings(summarize_runs(pd.DataFrame(runs)))
+    return list(dict.fromkeys(s for s in (best.get("best_static"), best.get("best_threshold"), REFERENCE_SETTING) if s))
+
+
+def cmd_sampling(args) -> int:
+    import json
+    import sys
+
+    from disco import options
+    from disco.bench.runs import environment
+    from disco.bench.suite import BenchError, filter_prompts, load_suite, split_prompts
+    from disco.costs import measure as cost_measure, model as cost_mod
+    from disco.models import load_resolved
+    from disco.models.pair import COMPUTE_LOCK
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    temps = list(dict.fromkeys(args.temperatures))
+    if any(not 0 < t <= 5 for t in temps):
+        raise BenchError("--temperatures: each must be in (0, 5]")
+    if not 0 < args.top_p <= 1:
+        raise BenchError(f"--top-p must be in (0, 1], got {args.top_p}")
+    flats = {cost_mod.check_profile(name) for name in (args.cost_profile or ["flat:0.05"])}
+    if any(not name.startswith("flat:") for name in flats):
+        raise BenchError("--cost-profile: give flat:C profiles here (the measured one is always included)")
+    options.check_out_dir(args.out)
+    strategies = [parse_strategy(s) for s in args.strategies.split(",") if s.strip()] if args.strategies else None
+    if strategies and any(p.greedy_only for p in strategies):
+        raise BenchError("the oracle needs greedy decoding; it has no place in a sampling study")
+    suite = filter_prompts(load_suite(args.suite), args.prompts)
+    train, test = split_prompts(suite, "train"), split_prompts(suite, "test")
+    if not test or (strategies is None and not train):
+        raise BenchError("the selected prompts need both a train and a test split (or give --strategies)")
+    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=log, engine=args.engine)
+    start = time.perf_counter()
+    with COMPUTE_LOCK:
+        encoded = [encode_prompt(pair, p.prompt, p.chat, args.max_new_tokens) for p in test + train]
+        measured = cost_measure.suite_costs(pair, encoded, 20, reps=2)
+        chosen = [p.spec for p in strategies] if strategies else _choose(pair, train, args.max_new_tokens, measured, log)
+        log(f"sampling {', '.join(chosen)} on {len(test)} test prompts, T = {', '.join(f'{t:g}' for t in temps)}, "
+            f"{args.seeds} seeds")
+        costs = {"measured": measured, **{name: cost_mod.resolve(name, step_ms=measured.target_ms(1))
+                                          for name in sorted(flats)}}
+        bar = None
+        if not args.no_progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(test) * len(temps) * args.seeds * (len(chosen) + 1), desc="sampled runs",
+                       file=sys.stderr, dynamic_ncols=True)
+        rows = run_study(pair, test, [parse_strategy(s) for s in chosen], args.max_new_tokens, costs, temps,
+                         args.seeds, args.top_p, progress=(lambda done, total: bar.update(1)) if bar else None)
+        if bar is not None:
+            bar.close()
+    table = summary(rows, [*costs, "wall"])
+    meta = environment(pair)
+    meta.update(command="python -m disco sampling " + " ".join(args.argv), chosen=chosen, prompts=len(test),
+                max_new_tokens=args.max_new_tokens, top_p=args.top_p, seeds=args.seeds, temperatures=temps,
+                costs={k: v.to_dict() for k, v in costs.items()}, wall_seconds=time.perf_counter() - start)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(args.out / "sampling.csv", index=False)
+    table.to_csv(args.out / "sampling_summary.csv", index=False)
+    (args.out / "sampling.md").write_text(summary_md(table, meta), encoding="utf-8")
+    (args.out / "meta.json").write_text(json.dumps(options.json_safe(meta), indent=2), encoding="utf-8")
+    best = table[(table["cost"] == "measured")].sort_values("speedup_mean", ascending=False)
+    print(f"wrote {args.out}/: sampling.csv, sampling_summary.csv, sampling.md, meta.json")
+    for t, part in best.groupby("temperature"):
+        top = part.iloc[0]
+        ref = part[part["strategy"] == REFERENCE_SETTING]
+        print(f"T={t:g}: best {top['strategy']} {top['speedup_mean']:.2f}x; {REFERENCE_SETTING} "
+              + (f"{ref.iloc[0]['speedup_mean']:.2f}x ({100 * ref.iloc[0]['of_best']:.0f} % of best)" if not ref.empty
+                 else "not run") + " (modelled with this machine's pass costs)")
+    return 0

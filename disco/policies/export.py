@@ -1,0 +1,141 @@
+"""Settings to take away: a DISCO Lab setting as configuration for the engines people deploy with.
+
+``take_away(policy)`` maps one policy to
+  * transformers: ``generate`` / ``GenerationConfig`` fields (``GenerationConfig(**fields)`` accepts them);
+  * llama.cpp: the flags of the version this project vendors (llama-cpp-python 0.3.36's llama.cpp: ``common/arg.cpp``
+    and ``common/speculative.cpp``), for ``llama-server`` / ``llama-speculative-simple``;
+  * vLLM: its ``speculative_config`` (``num_speculative_tokens``; ``method: ngram`` with ``prompt_lookup_max`` /
+    ``prompt_lookup_min`` for prompt lookup; ``num_speculative_tokens_per_batch_size`` when a batch-size table is
+    given, ``disco.costs.profile.Profile.batch_table``).
+Where an engine has no exact counterpart the nearest setting is given with a note that says how it differs.
+"""
+
+from __future__ import annotations
+
+import json
+
+from disco.policies.base import Policy
+
+ENGINES = ("transformers", "llama.cpp", "vllm")
+SKLEARN_NOTE = ("with scikit-learn installed, transformers adapts a non-zero assistant_confidence_threshold online "
+                "(an ROC curve over accepted drafts; DISCO Lab's `adaptive` lane); DISCO Lab's `threshold` keeps it fixed")
+PMIN_NOTE = ("llama.cpp's p-min differs from transformers' threshold: it compares the drafted token's probability "
+             "renormalized over the draft's 10 likeliest tokens, and a token below p-min is dropped, not sent "
+             "(transformers sends it and stops); DISCO Lab's `pmin:P:NMAX` is that rule, race it beside `threshold`")
+LOOKUP_NOTE = ("llama.cpp's ngram-simple matches exactly N tokens at their latest earlier occurrence and drafts M; "
+               "transformers matches the earliest occurrence of the longest n-gram up to N")
+
+
+def _entry(config: dict | None, text: str, note: str = "", exact: bool = True) -> dict:
+    return {"config": config, "text": text, "note": note, "exact": exact and config is not None}
+
+
+def _transformers(policy: Policy) -> dict:
+    kind, v = policy.kind, policy.values
+    fields = policy.hf_kwargs()
+    note, exact = "", True
+    if fields is None:
+        if kind == "pmin":
+            fields = {"num_assistant_tokens": v["k"], "num_assistant_tokens_schedule": "constant",
+                      "assistant_confidence_threshold": v["p"]}
+            note, exact = "nearest: transformers' threshold; " + PMIN_NOTE, False
+        elif kind == "copy":
+            fields = {"prompt_lookup_num_tokens": v["k"], "max_matching_ngram_size": 2}
+            note, exact = ("nearest: plain prompt lookup of KMAX tokens (transformers has no evidence gate: it drafts "
+                           "whenever a 2-gram matches)"), False
+        elif "k" in v:
+            fields = {"num_assistant_tokens": v["k"], "num_assistant_tokens_schedule": "constant",
+                      "assistant_confidence_threshold": 0.0}
+            note, exact = f"no transformers counterpart of `{kind}`; nearest: static K = {v['k']}", False
+        else:
+            return _entry(None, "", f"no transformers counterpart of `{kind}`", False)
+    if fields.get("assistant_confidence_threshold"):
+        note = "; ".join(n for n in (note, SKLEARN_NOTE) if n)
+    assistant = "" if policy.proposes else "assistant_model=assistant, "
+    args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+    text = f"model.generate(**inputs, {assistant}do_sample=False, {args})"
+    return _entry(fields, text, note, exact)
+
+
+def _llama(policy: Policy) -> dict:
+    kind, v = policy.kind, policy.values
+    note, exact = "", True
+    if kind == "pmin":
+        flags = policy.llama_args()
+    elif kind == "static":
+        flags = ["--spec-type", "draft-simple", "--spec-draft-n-max", str(v["k"]), "--spec-draft-n-min", "0",
+                 "--spec-draft-p-min", "0"]
+        note = "p-min 0 never stops a draft: always K tokens, as static K"
+    elif kind in ("threshold", "adaptive"):
+        flags = ["--spec-type", "draft-simple", "--spec-draft-n-max", str(v["k"]), "--spec-draft-n-min", "0",
+                 "--spec-draft-p-min", f"{v['tau']:g}"]
+        note, exact = "nearest: " + PMIN_NOTE, False
+    elif kind in ("lookup", "copy"):
+        n = v.get("ngram", v.get("min_evidence", 2))
+        flags = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(n), "--spec-ngram-simple-size-m",
+                 str(v["k"])]
+        note, exact = "nearest: " + LOOKUP_NOTE + ("" if kind == "lookup" else
+                                                  "; DISCO Lab's copy drafts only as many tokens as agree"), False
+    elif "k" in v:
+        flags = ["--spec-type", "draft-simple", "--spec-draft-n-max", str(v["k"]), "--spec-draft-p-min", "0"]
+        note, exact = f"no llama.cpp counterpart of `{kind}`; nearest: static K = {v['k']}", False
+    else:
+        return _entry(None, "", f"no llama.cpp counterpart of `{kind}`", False)
+    model = "" if kind in ("lookup", "copy") else "--spec-draft-model ASSISTANT.gguf "
+    return _entry(flags, f"llama-server -m TARGET.gguf {model}" + " ".join(flags), note, exact)
+
+
+def _vllm(policy: Policy, batch_table: list[list[int]] | None) -> dict:
+    kind, v = policy.kind, policy.values
+    note, exact = "", kind in ("static", "lookup")
+    if kind in ("lookup", "copy"):
+        low = 1 if kind == "lookup" else v["min_evidence"]
+        config = {"method": "ngram", "num_speculative_tokens": v["k"],
+                  "prompt_lookup_max": max(low, v.get("ngram", 2)), "prompt_lookup_min": low}
+        if kind == "copy":
+            note = "nearest: vLLM's n-gram proposer drafts a fixed number of tokens"
+    elif "k" in v:
+        k = v["k"]
+        if kind != "static":
+            if batch_table:
+                k = batch_table[0][2]
+                note = (f"vLLM drafts a fixed number of tokens per step (no confidence stop): the best static K "
+                        f"modelled here for one request, {k}, instead of `{kind}`")
+            else:
+                note = f"vLLM drafts a fixed number of tokens per step (no confidence stop): `{kind}`'s most, {k}"
+        config = {"method": "draft_model", "model": "ASSISTANT", "num_speculative_tokens": k}
+    else:
+        return _entry(None, "", f"no vLLM counterpart of `{kind}`", False)
+    if batch_table and config["method"] == "draft_model":
+        config["num_speculative_tokens_per_batch_size"] = batch_table
+        note = "; ".join(n for n in (note, "the batch-size table is modelled from this machine's pass costs "
+                                           "(a batch of B sequences verifying K+1 tokens each costed as one pass of "
+                                           "B(K+1) tokens), not measured with concurrent requests") if n)
+    return _entry(config, f"--speculative-config '{json.dumps(config)}'", note, exact)
+
+
+def take_away(policy: Policy, batch_table: list[list[int]] | None = None) -> dict:
+    """``{"spec": ..., "transformers": entry, "llama.cpp": entry, "vllm": entry}``; each entry holds ``config`` (None
+    where the engine has nothing near), ``text`` (copy-paste), ``note`` and ``exact``."""
+    if not policy.drafts:
+        off = _entry({}, "", "the target alone: leave speculative decoding off")
+        return {"spec": policy.spec, **{e: off for e in ENGINES}}
+    if policy.probes_verification:
+        none = _entry(None, "", "the oracle knows the target's answer in advance: an upper bound, nothing to deploy")
+        return {"spec": policy.spec, **{e: none for e in ENGINES}}
+    return {"spec": policy.spec, "transformers": _transformers(policy), "llama.cpp": _llama(policy),
+            "vllm": _vllm(policy, batch_table)}
+
+
+def take_away_md(settings: dict) -> str:
+    """The three engines' settings as markdown (a code line each, the note below it)."""
+    lines = [f"**Take `{settings['spec']}` to your engine**"]
+    for engine in ENGINES:
+        e = settings[engine]
+        if e["config"] is None:
+            lines.append(f"- {engine}: {e['note']}")
+            continue
+        text = f"`{e['text']}`" if e["text"] else "(nothing to set)"
+        lines.append(f"- {engine}{'' if e['exact'] else ' (nearest)'}: {text}" + (f"  \n  <small>{e['note']}</small>"
+                                                                                if e["note"] else ""))
+    return "\n".join(lines)
