@@ -199,3 +199,42 @@ def peer_frame(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
             "overhead_pct_ours": float(pd.to_numeric(merged["overhead_pct_ours"], errors="coerce").mean()),
         })
     return pd.DataFrame(rows)
+
+
+def engine_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each of our timed settings against the engines' plain decoding of the same target, per prompt then geomean:
+    llama.cpp's own (``llama:autoregressive``, llama-bench's decode rate) and the other engine's target alone
+    (``ENGINE:autoregressive`` rows of ``bench --other-engine``). Decode rates leave out the prefill (llama-bench
+    has none); whole-run ratios include it. Empty when the run timed neither."""
+    timed = runs[runs["mode"] == "timed"] if not runs.empty else runs
+    if timed.empty:
+        return pd.DataFrame()
+    ours = timed[timed["implementation"] == "ours"]
+    plain = timed[timed["strategy"] == LLAMA_PREFIX + AUTOREGRESSIVE].set_index("prompt_id")
+    other = timed[~timed["implementation"].isin(["ours", "hf", "llama.cpp"])
+                  & timed["strategy"].str.endswith(":" + AUTOREGRESSIVE)]
+    engine = str(other["implementation"].iloc[0]) if not other.empty else None
+    other = other.set_index("prompt_id")
+    if plain.empty and other.empty:
+        return pd.DataFrame()
+    num = lambda col: pd.to_numeric(col, errors="coerce")  # noqa: E731
+    rows = []
+    for spec, part in ours.groupby("strategy", sort=False):
+        part = part.set_index("prompt_id")
+        rate = num(part["decode_tokens_per_s"])
+        row = {"strategy": spec, "prompts": len(part), "decode_tokens_per_s": geomean(rate),
+               "tokens_per_s": geomean(part["new_tokens"] / num(part["seconds"]))}
+        if not plain.empty:
+            shared = part.index.intersection(plain.index)
+            row["llama_plain_tokens_per_s"] = geomean(num(plain.loc[shared, "decode_tokens_per_s"]))
+            row["decode_vs_llama_plain"] = geomean(rate[shared] / num(plain.loc[shared, "decode_tokens_per_s"]))
+        if engine is not None:
+            shared = part.index.intersection(other.index)
+            o = other.loc[shared]
+            row["other_engine"] = engine
+            row["other_tokens_per_s"] = geomean(o["new_tokens"] / num(o["seconds"]))
+            row["vs_other_engine"] = geomean((part.loc[shared, "new_tokens"] / num(part.loc[shared, "seconds"]))
+                                             / (o["new_tokens"] / num(o["seconds"])))
+            row["decode_vs_other_engine"] = geomean(rate[shared] / num(o["decode_tokens_per_s"]))
+        rows.append(row)
+    return pd.DataFrame(rows)

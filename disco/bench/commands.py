@@ -70,6 +70,9 @@ def add_bench(sub) -> None:
                    help="replay only the suite's train or test prompts (split by prompt, alternately within each kind); "
                         "with all (default) the report adds a train/test table: each kind's setting chosen on train, "
                         "its speed-up on test")
+    p.add_argument("--holdout", action="store_true",
+                   help="--mode both: time the settings that replay ranks best on the train prompts, on the test prompts "
+                        "only (so the timed figures are held out from the choice)")
     p.add_argument("--reps", type=options.positive, default=1, help="A B repetitions per prompt and strategy (median kept)")
     p.add_argument("--calibration-reps", type=options.positive, default=2, help="timings per pass size (median kept)")
     p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default OUT/tables)")
@@ -78,7 +81,11 @@ def add_bench(sub) -> None:
                         "one step, an assistant pass C steps: a GPU with a tiny draft), or a per-pass CSV from "
                         "`python -m disco profile --csv`. Other than measured: --mode replay only, and cached tables "
                         "are re-costed in seconds without loading the models")
-    p.add_argument("--no-peer", action="store_true", help="skip transformers' generate")
+    p.add_argument("--no-peer", action="store_true", help="skip the engine's peer (transformers' generate, llama.cpp's "
+                                                          "own programs)")
+    p.add_argument("--other-engine", choices=["torch", "llamacpp"], default=None,
+                   help="timed mode: also time the target alone on this engine, right after each timed prompt's lanes "
+                        "(rows ENGINE:autoregressive), so one run compares the two engines")
     p.add_argument("--threads", type=options.positive, default=None, help="torch intra-op threads")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--report-only", action="store_true",
@@ -107,7 +114,9 @@ def config_from_args(args, argv: list[str]) -> BenchConfig:
         assistant_precision=args.assistant_precision, policies=tuple(policies), timed_policies=tuple(timed),
         timed_prompts=args.timed_prompts or (None if quick else 6), prompts=prompts, split=args.split, reps=args.reps,
         calibration_reps=args.calibration_reps,
-        cache_dir=args.cache_dir, cost_profile=args.cost_profile, peer=not args.no_peer, progress=not args.no_progress,
+        cache_dir=args.cache_dir, cost_profile=args.cost_profile, peer=not args.no_peer, other_engine=args.other_engine,
+        holdout=args.holdout,
+        progress=not args.no_progress,
         command=_env_prefix() + "python -m disco bench " + " ".join(argv),
     )
 

@@ -18,7 +18,7 @@ from disco.costs.model import CostModel
 from disco.policies import AUTOREGRESSIVE, STATIC_KS
 from disco.text import fmt as _fmt
 from disco.bench.analysis import (
-    REFERENCE_SETTING, add_decode_speedup, best_settings, overall_rows, peer_frame, summarize_runs, theory_frame,
+    REFERENCE_SETTING, add_decode_speedup, best_settings, engine_frame, overall_rows, peer_frame, summarize_runs, theory_frame,
     validation_frame, validation_outcome,
 )
 
@@ -58,8 +58,46 @@ def _classifier_sentence(meta: dict) -> str:
             f"test-split ROC AUC {_fmt(clf.get('test_roc_auc'), '.3f')}).")
 
 
+def engines_md(engines: pd.DataFrame | None) -> list[str]:
+    """The timed settings against plain decoding of the same target: llama.cpp's own, and the other engine's."""
+    if engines is None or engines.empty:
+        return []
+    has_plain, has_other = "decode_vs_llama_plain" in engines, "vs_other_engine" in engines
+    other = str(engines["other_engine"].dropna().iloc[0]) if has_other else ""
+    header = ["strategy", "prompts", "tokens/s (decode)"]
+    header += ["÷ llama.cpp plain decoding (decode)"] if has_plain else []
+    header += [f"÷ {other} target alone (whole run)", f"÷ {other} (decode)"] if has_other else []
+    rows = []
+    for r in engines.to_dict("records"):
+        row = [f"`{r['strategy']}`", r["prompts"], _fmt(r["decode_tokens_per_s"], ".1f")]
+        row += [_fmt(r.get("decode_vs_llama_plain"), ".3f") + "x"] if has_plain else []
+        row += [_fmt(r.get("vs_other_engine"), ".2f") + "x", _fmt(r.get("decode_vs_other_engine"), ".2f") + "x"] \
+            if has_other else []
+        rows.append(row)
+    lines = ["", "## Against plain decoding on each engine (timed, same prompts)", "", _md_table(header, rows)]
+    spec = engines[engines["strategy"] != AUTOREGRESSIVE]
+    notes = []
+    if has_plain:
+        plain = engines["llama_plain_tokens_per_s"].dropna()
+        notes.append(f"llama.cpp's plain decoding (llama-bench, its default kernels): "
+                     f"{_fmt(plain.iloc[0] if not plain.empty else None, '.1f')} tokens/s")
+    if has_other:
+        notes.append(f"the {other} engine's target alone: {_fmt(engines['other_tokens_per_s'].dropna().iloc[0], '.2f')} "
+                     "tokens/s (whole run)")
+    if not spec.empty:
+        key = "decode_vs_llama_plain" if has_plain else "vs_other_engine"
+        fastest = spec.loc[spec[key].astype(float).idxmax()]
+        notes.append(f"fastest speculative lane `{fastest['strategy']}`: "
+                     + (f"{_fmt(fastest.get('decode_vs_llama_plain'), '.3f')}x llama.cpp's plain decoding"
+                        if has_plain else "")
+                     + (f"{'; ' if has_plain else ''}{_fmt(fastest.get('vs_other_engine'), '.2f')}x the {other} "
+                        f"target alone's tokens/s" if has_other else ""))
+    lines += ["", "; ".join(notes) + ". Geometric means over the timed prompts of per-prompt ratios."]
+    return lines
+
+
 def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | None, validation: dict,
-                     val: pd.DataFrame, peers: pd.DataFrame) -> str:
+                     val: pd.DataFrame, peers: pd.DataFrame, engines: pd.DataFrame | None = None) -> str:
     # The report's sections in the order a reader meets them (header, headline, heatmap, theory, validation,
     # peer); one function so that section order and shared numbers (``best``) are read in one place.
     best = meta.get("best", {})
@@ -180,6 +218,7 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
                       f"(speculative settings only: {_fmt(meta.get('ours_over_hf_speculative'), '.3f')}; goal ≤ 1.0). "
                       f"Speed-ups are against each implementation's own autoregressive run. Engine overhead (time outside the two models' forward passes) averages "
                       f"{_fmt(meta.get('overhead_pct_mean'), '.2f')} % of iteration time (goal < 5 %)."]
+    parts += engines_md(engines)
     if validation.get("checked"):
         parts += ["", "## Validation: replay against timed runs", "",
                   f"{validation['exact']} of {validation['checked']} timed runs have exactly the iterations and target "
@@ -244,6 +283,9 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
         val.to_csv(out / "validation.csv", index=False)
     if not peers.empty:
         peers.to_csv(out / "peer.csv", index=False)
+    engines = engine_frame(runs_df) if "timed" in modes else pd.DataFrame()
+    if not engines.empty:
+        engines.to_csv(out / "engines.csv", index=False)
     files = {"runs": out / "runs.csv", "summary": out / "summary.csv", "summary_md": out / "summary.md",
              "meta": out / "meta.json"}
     if "replay" in modes and not summary.empty:
@@ -260,7 +302,7 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
         except Exception:  # noqa: BLE001 - any failure just means no PNG
             meta["heatmap_png"] = "skipped (kaleido not installed)"
     held = holdout_frame(runs_df)
-    text = summary_markdown(meta, summary, theory, validation, val, peers)
+    text = summary_markdown(meta, summary, theory, validation, val, peers, engines)
     positions = positions_frame(drafts) if drafts is not None and not drafts.empty else (
         pd.read_csv(out / "positions.csv") if (out / "positions.csv").is_file() else pd.DataFrame())
     if not positions.empty:

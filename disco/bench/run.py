@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -32,15 +33,15 @@ import pandas as pd
 
 from disco import cache
 from disco.bench.analysis import REFERENCE_SETTING, TIME_TOLERANCE, best_settings, summarize_runs, theory_frame
-from disco.bench.peer import timed_prompt, warm_up
+from disco.bench.peer import run_ours, timed_prompt, warm_up
 from disco.bench.report import write_reports
-from disco.bench.runs import environment, prepare_table, replay_rows
+from disco.bench.runs import environment, prepare_table, replay_rows, run_row
 from disco.bench.suite import BenchError, DEFAULT_SUITE, SuitePrompt, filter_prompts, load_suite, pick_prompts, split_prompts
 from disco.costs import measure as cost_measure, model as cost_mod
 from disco.costs.model import CostModel
 from disco.models import load_pair, resolve_assistant
 from disco.models.pair import COMPUTE_LOCK, encode_prompt
-from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
+from disco.policies import AUTOREGRESSIVE, Autoregressive, Policy, parse_strategy
 from disco.policies.grids import default_grid, with_baseline
 from disco.replay.run import replay_many
 from disco.replay.tables import ReplayError, ReplayTable, cached_table_paths
@@ -67,6 +68,8 @@ class BenchConfig:
     cache_dir: Path | None = None              # replay tables (default: the one cache)
     cost_profile: str = "measured"
     peer: bool = True
+    other_engine: str | None = None             # also time the target alone on this engine (one run compares both)
+    holdout: bool = False                       # time the train split's best settings on the test prompts
     progress: bool = True
     command: str = ""
 
@@ -160,10 +163,19 @@ def _run_loaded(cfg: BenchConfig, pair, prompts: list[SuitePrompt], specs: list[
         theory = theory_frame(meta["alpha"], costs.cost_ratio, costs, summary)
 
     if cfg.mode in ("timed", "both"):
-        timed_specs = with_baseline(cfg.timed_policies or default_timed_policies(meta.get("best", {}), pair.engine))
-        timed_prompts = pick_prompts(prompts, cfg.timed_prompts)
+        best, pool = meta.get("best", {}), prompts
+        if cfg.holdout:  # settings chosen by the train prompts' replay, timed on the test prompts only
+            train = [r for r in runs if r.get("mode") == "replay" and r.get("split") == "train"]
+            pool = split_prompts(prompts, "test")
+            if not train or not pool:
+                raise BenchError("--holdout needs a replay of both splits (--mode both --split all)")
+            best = meta["best_train"] = best_settings(summarize_runs(pd.DataFrame(train)))
+            meta["timed_split"] = "test"
+        timed_specs = with_baseline(cfg.timed_policies or default_timed_policies(best, pair.engine))
+        timed_prompts = pick_prompts(pool, cfg.timed_prompts)
         meta["timed_strategies"] = [p.spec for p in timed_specs]
         meta["prompts_timed"] = len(timed_prompts)
+        other = _other_engine(cfg, pair, meta)
         warm_up(pair, encoded[timed_prompts[0].id])
         t0 = time.perf_counter()
         records = []
@@ -173,6 +185,8 @@ def _run_loaded(cfg: BenchConfig, pair, prompts: list[SuitePrompt], specs: list[
                                       order_offset=j, costs=costs)
             runs += rows
             records += recs
+            if other is not None:  # right after this prompt's lanes, so both engines meet the machine alike
+                runs += engine_rows(other, p, cfg.max_new_tokens, meta, cfg.reps, rows, ref)
         meta["timed_seconds"] = time.perf_counter() - t0
         if records:
             frame = pd.DataFrame(records)
@@ -181,6 +195,33 @@ def _run_loaded(cfg: BenchConfig, pair, prompts: list[SuitePrompt], specs: list[
 
     meta["wall_seconds"] = time.perf_counter() - wall
     return write_reports(cfg.out, pd.DataFrame(runs), meta, theory, drafts=pd.DataFrame(drafts))
+
+
+def _other_engine(cfg: BenchConfig, pair, meta: dict):
+    """The pair on ``cfg.other_engine`` (loaded and warmed before anything is timed), or None."""
+    if not cfg.other_engine or cfg.other_engine == pair.engine:
+        return None
+    _log(f"loading {cfg.models} on the {cfg.other_engine} engine too (its target alone is timed beside ours) ...")
+    other = load_pair(cfg.models, dtype="auto", device=cfg.device, engine=cfg.other_engine, log=_log)
+    other.warmup()
+    meta["other_engine"] = {k: v for k, v in other.describe().items() if k != "assistant_precision"}
+    return other
+
+
+def engine_rows(other, prompt: SuitePrompt, max_new_tokens: int, meta: dict, reps: int, rows: list[dict],
+                reference: list[int] | None = None) -> list[dict]:
+    """The target alone on the other engine (``ENGINE:autoregressive``), timed like our lanes; its speed-up is against
+    this run's own autoregressive lane on the same prompt (so a value below 1 says how much slower that engine is)."""
+    ids = encode_prompt(other, prompt.prompt, prompt.chat, max_new_tokens)
+    runs = [run_ours(other, ids, Autoregressive(), max_new_tokens) for _ in range(reps)]
+    ours = next((r for r in rows if r["strategy"] == AUTOREGRESSIVE and r["implementation"] == "ours"), None)
+    s = dict(runs[0]["summary"], seconds=statistics.median(r["summary"]["seconds"] for r in runs),
+             decode_seconds=statistics.median(r["summary"]["decode_seconds"] for r in runs))
+    # the same text as ours? (the torch engine runs the GGUF's weights dequantized to bf16: other numerics)
+    same = runs[0]["output_ids"] == list(reference) if reference is not None else None
+    return [run_row(prompt, f"{other.engine}:{AUTOREGRESSIVE}", "timed", other.engine, s, None,
+                    ours["seconds"] if ours else math.nan, meta, prompt_tokens=len(ids), reps=reps, same_as_ours=same,
+                    engine=other.engine, dtype=other.dtype_name)]
 
 
 def replay_grid(tables: dict, prompts: list[SuitePrompt], specs: list[Policy], max_new_tokens: int, costs: CostModel,

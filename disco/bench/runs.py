@@ -106,10 +106,10 @@ def run_row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, 
         "decode_seconds": s.get("decode_seconds", math.nan),
         "decode_tokens_per_s": s.get("decode_tokens_per_s", math.nan),
     }
-    row.update(extra)
     for key in ("models", "engine", "dtype", "device", "assistant_precision", "torch", "transformers", "llama_cpp",
                 "sklearn_available", "max_new_tokens"):
         row[key] = meta.get(key)
+    row.update(extra)  # a row of another engine names its own (bench --other-engine)
     return row
 
 

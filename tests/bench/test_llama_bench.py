@@ -38,3 +38,46 @@ def test_bench_on_a_gguf_pair_validates_replay_and_times_llama_cpp(tmp_path):
     spec_rows = peers[peers["strategy"] != "llama:autoregressive"]
     assert spec_rows["same_as_ours"].astype(bool).all()  # its text is ours over the tokens both produced
     assert "llama.cpp" in (out / "summary.md").read_text()
+
+
+def test_holdout_timing_and_the_other_engine_in_one_run(tmp_path, monkeypatch, tiny_pair):
+    """``--holdout`` times the train prompts' best settings on the test prompts only; ``--other-engine torch`` times
+    that engine's target alone right after each prompt (here the tiny torch pair: the same weights as the GGUF pair),
+    and the report sets every timed lane against it."""
+    from disco.bench import run as bench_run
+
+    target, assistant = tiny_gguf.write_pair(tmp_path / "pair")
+    real = bench_run.load_pair
+    monkeypatch.setattr(bench_run, "load_pair", lambda models, engine=None, **kw: tiny_pair if engine == "torch"
+                        else real(models, engine=engine, **kw))
+    out = tmp_path / "out"
+    code = cli.main(["bench", "--models", f"{target}::{assistant}", "--mode", "both", "--holdout", "--no-peer",
+                     "--other-engine", "torch", "--max-new-tokens", "10", "--prompts", "code-csv-parse,code-binary-search",
+                     "--out", str(out), "--no-progress", "--static-ks", "1,3", "--taus", "0.4", "--kmaxes", "4"])
+    assert code == 0
+    runs = pd.read_csv(out / "runs.csv")
+    timed = runs[runs["mode"] == "timed"]
+    assert set(timed["prompt_id"]) == {"code-binary-search"}  # the test prompt only
+    other = timed[timed["strategy"] == "torch:autoregressive"]
+    assert len(other) == 1 and (other["implementation"] == "torch").all() and (other["engine"] == "torch").all()
+    assert other["same_as_ours"].astype(bool).all()  # same weights, same greedy text
+    ours_ar = timed[(timed["strategy"] == "autoregressive") & (timed["implementation"] == "ours")]
+    assert float(other["speedup"].iloc[0]) == pytest.approx(float(ours_ar["seconds"].iloc[0]) / float(other["seconds"].iloc[0]))
+    meta = __import__("json").loads((out / "meta.json").read_text())
+    assert meta["timed_split"] == "test" and meta["best_train"]["best_static"] in ("static:1", "static:3")
+    engines = pd.read_csv(out / "engines.csv")
+    ours = timed[timed["implementation"] == "ours"]
+    assert set(engines["strategy"]) == set(ours["strategy"])
+    for r in engines.itertuples():
+        row = ours[ours["strategy"] == r.strategy].iloc[0]
+        assert r.vs_other_engine == pytest.approx((row["new_tokens"] / row["seconds"]) /
+                                                  (other["new_tokens"].iloc[0] / other["seconds"].iloc[0]))
+    assert "Against plain decoding on each engine" in (out / "summary.md").read_text()
+
+
+def test_holdout_needs_both_splits(tmp_path):
+    target, assistant = tiny_gguf.write_pair(tmp_path / "pair")
+    code = cli.main(["bench", "--models", f"{target}::{assistant}", "--mode", "both", "--holdout", "--no-peer",
+                     "--max-new-tokens", "6", "--prompts", "code-csv-parse", "--out", str(tmp_path / "o"),
+                     "--no-progress", "--static-ks", "1", "--taus", "0.4", "--kmaxes", "4"])
+    assert code == 2
