@@ -121,7 +121,10 @@ def summary_md(table: pd.DataFrame, meta: dict) -> str:
     lines = [f"# The seed's question under sampling: {meta.get('models')} ({meta.get('engine')})", "",
              f"Command: `{meta.get('command')}`  ",
              f"Machine: {meta.get('machine')}  ",
-             f"Settings chosen by greedy replay on the train prompts: {', '.join(f'`{s}`' for s in meta['chosen'])}; "
+             "Settings chosen by greedy replay on the train prompts, per cost profile: "
+             + "; ".join(f"{cost}: {', '.join(f'`{s}`' for s in specs)}"
+                         for cost, specs in (meta.get("chosen_by_cost") or {"": meta["chosen"]}).items())
+             + f" (and `{REFERENCE_SETTING}`, the seed's); "
              f"run with sampling on {meta['prompts']} test prompts, {meta['max_new_tokens']} new tokens, top-p "
              f"{meta['top_p']:g}, seeds 0..{meta['seeds'] - 1} at each temperature. Speed-up = the target alone's ms "
              "per token / the setting's, same prompt, temperature and seed; geometric mean over prompts per seed, "
@@ -142,7 +145,8 @@ def summary_md(table: pd.DataFrame, meta: dict) -> str:
                 r = r.iloc[0]
                 cells.append(f"{r['speedup_mean']:.2f}x [{r['speedup_min']:.2f}–{r['speedup_max']:.2f}], "
                              f"{100 * r['of_best']:.0f} %, {r['acceptance']:.2f}")
-            mark = " (the seed's)" if spec == REFERENCE_SETTING else ""
+            mark = " (the seed's)" if spec == REFERENCE_SETTING else (
+                " (chosen here)" if spec in (meta.get("chosen_by_cost") or {}).get(cost, ()) else "")
             lines.append(f"| `{spec}`{mark} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -176,12 +180,14 @@ def add_command(sub) -> None:
     p.add_argument("--cost-profile", action="append", default=[], metavar="flat:C",
                    help="also cost every run under this profile (repeatable; default flat:0.05)")
     p.add_argument("--out", type=Path, default=Path("bench-out/sampling"), help="output folder")
+    p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default: the one cache)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_sampling)
 
 
-def _choose(pair, prompts, max_new_tokens: int, costs: CostModel, log) -> list[str]:
-    """The best static K and the best threshold of greedy replay on ``prompts`` (the train split), and the seed's."""
+def _choose(pair, prompts, max_new_tokens: int, costs: dict[str, CostModel], cache_dir, log) -> dict[str, list[str]]:
+    """Per cost profile, the best static K and the best threshold of greedy replay on ``prompts`` (the train split);
+    the tables come from (and go to) ``cache_dir``, so a benchmark's tables are reused."""
     from disco.bench.analysis import best_settings, summarize_runs
     from disco.bench.runs import prepare_table, replay_rows
     from disco.policies import KMAXES, STATIC_KS, TAUS
@@ -189,20 +195,26 @@ def _choose(pair, prompts, max_new_tokens: int, costs: CostModel, log) -> list[s
     from disco.replay.run import replay_many
 
     grid = default_grid(STATIC_KS, TAUS, KMAXES, heuristic=(), oracle=False, kinds=())
-    runs = []
+    tables = []
     for i, p in enumerate(prompts):
         log(f"greedy replay on the train prompts: {p.id} ({i + 1}/{len(prompts)})")
-        table, _ = prepare_table(pair, p, grid, max_new_tokens, None)
-        runs += replay_rows(p, table, replay_many(table, grid, max_new_tokens, costs), {"max_new_tokens": max_new_tokens})
-    best = best_settings(summarize_runs(pd.DataFrame(runs)))
-    return list(dict.fromkeys(s for s in (best.get("best_static"), best.get("best_threshold"), REFERENCE_SETTING) if s))
+        tables.append((p, prepare_table(pair, p, grid, max_new_tokens, cache_dir)[0]))
+    chosen = {}
+    for name, model in costs.items():
+        runs = []
+        for p, table in tables:
+            runs += replay_rows(p, table, replay_many(table, grid, max_new_tokens, model),
+                                {"max_new_tokens": max_new_tokens})
+        best = best_settings(summarize_runs(pd.DataFrame(runs)))
+        chosen[name] = list(dict.fromkeys(s for s in (best.get("best_static"), best.get("best_threshold")) if s))
+    return chosen
 
 
 def cmd_sampling(args) -> int:
     import json
     import sys
 
-    from disco import options
+    from disco import cache, options
     from disco.bench.runs import environment
     from disco.bench.suite import BenchError, filter_prompts, load_suite, split_prompts
     from disco.costs import measure as cost_measure, model as cost_mod
@@ -233,11 +245,14 @@ def cmd_sampling(args) -> int:
     with COMPUTE_LOCK:
         encoded = [encode_prompt(pair, p.prompt, p.chat, args.max_new_tokens) for p in test + train]
         measured = cost_measure.suite_costs(pair, encoded, 20, reps=2)
-        chosen = [p.spec for p in strategies] if strategies else _choose(pair, train, args.max_new_tokens, measured, log)
-        log(f"sampling {', '.join(chosen)} on {len(test)} test prompts, T = {', '.join(f'{t:g}' for t in temps)}, "
-            f"{args.seeds} seeds")
         costs = {"measured": measured, **{name: cost_mod.resolve(name, step_ms=measured.target_ms(1))
                                           for name in sorted(flats)}}
+        by_cost = ({"given": [p.spec for p in strategies]} if strategies else
+                   _choose(pair, train, args.max_new_tokens, costs, args.cache_dir or cache.tables_dir(), log))
+        chosen = list(dict.fromkeys([s for specs in by_cost.values() for s in specs] +
+                                    ([] if strategies else [REFERENCE_SETTING])))
+        log(f"sampling {', '.join(chosen)} on {len(test)} test prompts, T = {', '.join(f'{t:g}' for t in temps)}, "
+            f"{args.seeds} seeds")
         bar = None
         if not args.no_progress:
             from tqdm.auto import tqdm
@@ -250,7 +265,8 @@ def cmd_sampling(args) -> int:
             bar.close()
     table = summary(rows, [*costs, "wall"])
     meta = environment(pair)
-    meta.update(command="python -m disco sampling " + " ".join(args.argv), chosen=chosen, prompts=len(test),
+    meta.update(command="python -m disco sampling " + " ".join(args.argv), chosen=chosen, chosen_by_cost=by_cost,
+                prompts=len(test),
                 max_new_tokens=args.max_new_tokens, top_p=args.top_p, seeds=args.seeds, temperatures=temps,
                 costs={k: v.to_dict() for k, v in costs.items()}, wall_seconds=time.perf_counter() - start)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -92,3 +92,21 @@ def test_an_output_folder_that_is_a_file_is_refused_before_any_work(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "disco", "sampling", "--models", "tiny", "--out", str(taken),
                            "--no-progress"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "it is a file" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_without_strategies_the_settings_come_from_train_replay_per_cost_profile(tmp_path):
+    """The settings sampled are those greedy replay ranks best on the train prompts under each cost profile (read
+    back from the same cached tables), plus the seed's setting."""
+    out, tables = tmp_path / "sampling", tmp_path / "tables"
+    argv = [sys.executable, "-m", "disco", "sampling", "--models", "tiny", "--prompts", "code-csv-parse,code-binary-search",
+            "--temperatures", "1", "--seeds", "1", "--max-new-tokens", "10", "--cost-profile", "flat:0.05",
+            "--cache-dir", str(tables), "--out", str(out), "--no-progress"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    meta = __import__("json").loads((out / "meta.json").read_text())
+    assert set(meta["chosen_by_cost"]) == {"measured", "flat:0.05"}
+    for specs in meta["chosen_by_cost"].values():
+        assert specs and all(s.startswith(("static:", "threshold:")) for s in specs)
+    assert "threshold:0.4:20" in meta["chosen"]
+    assert set(pd.read_csv(out / "sampling.csv")["strategy"]) == {"autoregressive", *meta["chosen"]}
+    assert [p.name for p in tables.iterdir()] and all(p.name.startswith("code-csv-parse") for p in tables.iterdir())
