@@ -103,6 +103,17 @@ def config_from_args(args, argv: list[str]) -> BenchConfig:
     policies = default_grid(args.static_ks or STATIC_KS, args.taus or TAUS, args.kmaxes or KMAXES)
     policies = unique(policies + [parse_strategy(s) for s in args.extra])
     timed = [parse_strategy(s) for s in args.timed_strategies.split(",") if s.strip()] if args.timed_strategies else []
+    mode = args.mode or ("both" if quick else "replay")
+    if args.holdout and (mode != "both" or args.split != "all"):
+        raise BenchError("--holdout needs --mode both and --split all (settings chosen on train, timed on test)")
+    if args.other_engine:
+        from disco.models.load import resolve_engine
+
+        if mode == "replay":
+            raise BenchError("--other-engine times the target alone: use it with --mode timed or both")
+        if resolve_engine(args.engine, models, args.device, args.dtype) == args.other_engine:
+            raise BenchError(f"--other-engine {args.other_engine} is this run's own engine")
+        resolve_engine(args.other_engine, models, args.device, "auto")  # a clear error now, not after the replay
     out = args.out or Path("bench-out") / ("quick" if quick else "".join(c if c.isalnum() else "_" for c in models)[:40])
     prompts = args.prompts
     if quick and prompts is None:
@@ -110,7 +121,7 @@ def config_from_args(args, argv: list[str]) -> BenchConfig:
         prompts = ",".join(p.id for p in pick_prompts(suite, 3))
     return BenchConfig(
         models=models, suite=args.suite, max_new_tokens=args.max_new_tokens or (32 if quick else 64), out=out,
-        mode=args.mode or ("both" if quick else "replay"), dtype=args.dtype, device=args.device, engine=args.engine,
+        mode=mode, dtype=args.dtype, device=args.device, engine=args.engine,
         assistant_precision=args.assistant_precision, policies=tuple(policies), timed_policies=tuple(timed),
         timed_prompts=args.timed_prompts or (None if quick else 6), prompts=prompts, split=args.split, reps=args.reps,
         calibration_reps=args.calibration_reps,

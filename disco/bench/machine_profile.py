@@ -114,6 +114,7 @@ def measure(pair, models: str, prompts=DEFAULT_PROMPTS, max_new_tokens: int = DE
                 results = replay_many(table, policies, max_new_tokens, costs)
                 if table.dirty and table.path is not None:
                     table.save()
+                table.release()
             h, t = table.first_token_agreement(max_new_tokens)
             hits, total = hits + h, total + t
             base = results["autoregressive"].summary()["seconds"]

@@ -63,7 +63,8 @@ def engines_md(engines: pd.DataFrame | None) -> list[str]:
     if engines is None or engines.empty:
         return []
     has_plain, has_other = "decode_vs_llama_plain" in engines, "vs_other_engine" in engines
-    other = str(engines["other_engine"].dropna().iloc[0]) if has_other else ""
+    named = engines["other_engine"].dropna() if has_other else engines.iloc[0:0]
+    other = str(named.iloc[0]) if not named.empty else ""
     header = ["strategy", "prompts", "tokens/s (decode)"]
     header += ["÷ llama.cpp plain decoding (decode)"] if has_plain else []
     header += [f"÷ {other} target alone (whole run)", f"÷ {other} (decode)"] if has_other else []
@@ -82,11 +83,13 @@ def engines_md(engines: pd.DataFrame | None) -> list[str]:
         notes.append(f"llama.cpp's plain decoding (llama-bench, its default kernels): "
                      f"{_fmt(plain.iloc[0] if not plain.empty else None, '.1f')} tokens/s")
     if has_other:
-        notes.append(f"the {other} engine's target alone: {_fmt(engines['other_tokens_per_s'].dropna().iloc[0], '.2f')} "
+        rate = engines["other_tokens_per_s"].dropna()
+        notes.append(f"the {other} engine's target alone: {_fmt(rate.iloc[0] if not rate.empty else None, '.2f')} "
                      "tokens/s (whole run)")
-    if not spec.empty:
-        key = "decode_vs_llama_plain" if has_plain else "vs_other_engine"
-        fastest = spec.loc[spec[key].astype(float).idxmax()]
+    key = "decode_vs_llama_plain" if has_plain else "vs_other_engine"
+    ranked = spec[key].astype(float).dropna() if not spec.empty else spec
+    if not ranked.empty:
+        fastest = spec.loc[ranked.idxmax()]
         notes.append(f"fastest speculative lane `{fastest['strategy']}`: "
                      + (f"{_fmt(fastest.get('decode_vs_llama_plain'), '.3f')}x llama.cpp's plain decoding"
                         if has_plain else "")
@@ -252,7 +255,8 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
 def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFrame | None = None,
                   drafts: pd.DataFrame | None = None) -> dict:
     """Every summary output from runs.csv's rows and the run's meta (also used by ``--report-only``); ``drafts``
-    (every replayed drafting iteration) gives ``positions.csv``, else an earlier run's ``positions.csv`` is kept."""
+    (every replayed drafting iteration of this run) gives ``positions.csv``; ``None`` (``--report-only``) keeps the
+    one the run wrote."""
     runs_df = add_decode_speedup(runs)
     summary = summarize_runs(runs_df)
     modes = set(runs_df["mode"]) if not runs_df.empty else set()
@@ -303,8 +307,12 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
             meta["heatmap_png"] = "skipped (kaleido not installed)"
     held = holdout_frame(runs_df)
     text = summary_markdown(meta, summary, theory, validation, val, peers, engines)
-    positions = positions_frame(drafts) if drafts is not None and not drafts.empty else (
-        pd.read_csv(out / "positions.csv") if (out / "positions.csv").is_file() else pd.DataFrame())
+    if drafts is not None:  # this run's own drafts (none in a timed-only run): never an earlier run's file
+        positions = positions_frame(drafts) if not drafts.empty else pd.DataFrame()
+        if positions.empty:
+            (out / "positions.csv").unlink(missing_ok=True)
+    else:  # --report-only: the positions the run wrote
+        positions = pd.read_csv(out / "positions.csv") if (out / "positions.csv").is_file() else pd.DataFrame()
     if not positions.empty:
         positions.to_csv(out / "positions.csv", index=False)
         files["positions"] = out / "positions.csv"

@@ -110,6 +110,8 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
     prompts = split_prompts(filter_prompts(load_suite(cfg.suite), cfg.prompts), cfg.split)
     if not prompts:
         raise BenchError(f"no prompt of the {cfg.split} split matches --prompts")
+    if cfg.holdout and not (split_prompts(prompts, "train") and split_prompts(prompts, "test")):
+        raise BenchError("--holdout needs prompts of both splits (train and test) in --prompts")
     specs = with_baseline(cfg.policies or default_grid())
     profile_name = cost_mod.check_profile(cfg.cost_profile)
     if profile_name != cost_mod.MEASURED and cfg.mode != "replay":
@@ -167,7 +169,7 @@ def _run_loaded(cfg: BenchConfig, pair, prompts: list[SuitePrompt], specs: list[
         if cfg.holdout:  # settings chosen by the train prompts' replay, timed on the test prompts only
             train = [r for r in runs if r.get("mode") == "replay" and r.get("split") == "train"]
             pool = split_prompts(prompts, "test")
-            if not train or not pool:
+            if not train or not pool:  # checked up front (run_bench, config_from_args); kept for callers of this API
                 raise BenchError("--holdout needs a replay of both splits (--mode both --split all)")
             best = meta["best_train"] = best_settings(summarize_runs(pd.DataFrame(train)))
             meta["timed_split"] = "test"

@@ -126,4 +126,5 @@ def prepare_table(pair, prompt: SuitePrompt, policies: list[Policy], max_new_tok
         table.builder.passes, table.builder.ms = 0, 0.0
     if table.dirty:
         table.save()
+    table.release()  # a benchmark holds a table per prompt: chains still missing later get a new session
     return table, results

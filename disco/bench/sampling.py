@@ -47,8 +47,12 @@ def run_one(pair, ids: list[int], policy: Policy, max_new_tokens: int, temperatu
             costs: dict[str, CostModel]) -> dict:
     settings = DecodeSettings(max_new_tokens=max_new_tokens, sample=True, temperature=temperature, top_p=top_p,
                               seed=seed)
+    from disco.decode.race import lane_pair
+
+    lane = lane_pair(pair, policy)  # its @precision assistant, as in a race
+    reads = policy.needs_costs or policy.reads_costs  # costaware / disco read this machine's measured costs
     start = time.perf_counter()
-    decoder = Decoder(pair, list(ids), policy, settings).run()
+    decoder = Decoder(lane, list(ids), policy, settings, costs=costs.get("measured") if reads else None).run()
     wall = (time.perf_counter() - start) * 1000.0
     recs = decoder.records
     drafted = sum(r.lookahead for r in recs)
@@ -236,6 +240,8 @@ def cmd_sampling(args) -> int:
     strategies = [parse_strategy(s) for s in args.strategies.split(",") if s.strip()] if args.strategies else None
     if strategies and any(p.greedy_only for p in strategies):
         raise BenchError("the oracle needs greedy decoding; it has no place in a sampling study")
+    if strategies is not None and not any(p.drafts for p in strategies):
+        raise BenchError("--strategies: give at least one setting that drafts (the target alone is always run)")
     suite = filter_prompts(load_suite(args.suite), args.prompts)
     train, test = split_prompts(suite, "train"), split_prompts(suite, "test")
     if not test or (strategies is None and not train):

@@ -65,16 +65,20 @@ def sweep(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_toke
                 raise Interrupted(p.id)
             report((i + fraction) / n, f"prompt {i + 1}/{n} ({p.id}): {what}")
 
+        table = None
         try:
             at(0.0, "target's greedy output")
             table = build_table(pair, ids, max_new_tokens, cache_dir, name=p.id,
                                 progress=lambda done, total: at(0.5 * done / total, f"target's greedy output {done}/{total}"))
             replay_many(table, policies, max_new_tokens, costs, progress=lambda f: at(0.5 + 0.5 * f, "assistant's chains"))
         except Interrupted:
+            if table is not None:
+                table.release()
             return
         if table.dirty:
             table.save()
         results = replay_many(table, policies, max_new_tokens, costs)
+        table.release()
         runs += replay_rows(p, table, results, meta)
         frame = add_decode_speedup(pd.DataFrame(runs))
         yield SweepUpdate(i + 1, n, frame, summarize_runs(frame), f"{i + 1}/{n} prompts replayed")

@@ -110,8 +110,10 @@ class Profile:
             step = interpolate(target, b)
             gains = {k: expected_tokens(alpha, k) * step / (interpolate(target, b * (k + 1)) + k * interpolate(assistant, b))
                      for k in range(1, max_k + 1) if b * (k + 1) <= largest}
-            k = max(gains, key=gains.get) if gains else 0
-            best.append((b, k if gains and gains[k] > 1.0 else 0))
+            if not gains:  # no verification this large was measured: the table ends (0 would claim "off")
+                break
+            k = max(gains, key=gains.get)
+            best.append((b, k if gains[k] > 1.0 else 0))
         rows: list[list[int]] = []
         for i, (b, k) in enumerate(best):
             last = best[i + 1][0] - 1 if i + 1 < len(best) else b

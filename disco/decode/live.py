@@ -194,9 +194,24 @@ class Decoder(CoreView):
             raise RuntimeError(f"step() called on a {'finished' if self.done else 'interrupted'} decoder")
         self._interrupt = interrupt
         try:
-            return self.core.step()
+            record = self.core.step()
+        except Interrupted:
+            self.release()
+            raise
         finally:
             self._interrupt = None
+        if self.done:
+            self.release()
+        return record
+
+    def release(self) -> None:
+        """Hand the model sessions back as soon as this decoder can no longer step (finished or interrupted): a
+        llama.cpp session's context returns to its pool at once (``LlamaSession.close``); a torch cache goes with
+        the decoder. The records, tokens and text stay."""
+        for session in (self.target, self.assistant):
+            close = getattr(session, "close", None)
+            if close is not None:
+                close()
 
     def run(self, interrupt=None) -> "Decoder":
         while not self.done:

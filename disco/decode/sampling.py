@@ -37,7 +37,9 @@ def speculative_accept(p: torch.Tensor, q: torch.Tensor, drafts: list[int], gene
     """
     for i, token in enumerate(drafts):
         ratio = p[i, token] / q[i, token]
-        if torch.rand((), generator=generator, device=p.device) <= ratio:
+        # strictly below: rand can be exactly 0, and a draft the target gives no mass (a copied token outside its
+        # top-p set, routine for prompt lookup) must never be accepted; ratio >= 1 still always accepts
+        if torch.rand((), generator=generator, device=p.device) < ratio:
             continue
         residual = torch.clamp(p[i] - q[i], min=0.0)
         total = residual.sum()

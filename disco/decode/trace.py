@@ -19,7 +19,7 @@ STOP_EOS = "eos"                    # the assistant drafted the end-of-sequence 
 STOP_ORACLE = "oracle"              # the oracle dropped a draft token the target would reject
 STOP_NONE = "none"                  # autoregressive: nothing drafted by design
 STOP_SHORT = "short"                # the policy discarded a draft as too short to send (llama.cpp's n-min)
-STOP_SOURCE = "source"              # prompt lookup: no earlier match, or the copied place ran out before K
+STOP_SOURCE = "source"              # prompt lookup: the source (no match, the match's evidence, EOS) gave fewer than K
 STOP_REASONS = (STOP_CONFIDENCE, STOP_MAX_LOOKAHEAD, STOP_LENGTH, STOP_EOS, STOP_ORACLE, STOP_NONE, STOP_SHORT,
                 STOP_SOURCE)
 

@@ -6,9 +6,10 @@ unwinding through torch's or llama.cpp's C++ frames calls ``std::terminate``: th
 with ggml's backtrace) instead of exiting. Seen in the test suite: a llama.cpp pair loaded, then an app built, then
 pytest exits during the app's background profile.
 
-So every forward pass also polls ``SHUTDOWN`` (``disco.models.pair.TorchSession``, ``disco.models.llama``): at
-exit it is set, the pass in flight stops at its next layer (torch) or graph node (llama.cpp) with ``Interrupted``,
-and the exit waits for the threads started here to unwind in Python.
+So every forward pass also polls ``SHUTDOWN`` (``disco.models.pair.TorchSession``, ``disco.models.llama``) and is
+counted while it runs (``in_pass``): at exit it is set, the pass in flight, in whatever thread (the loader started
+here, or a Gradio worker running a race), stops at its next layer (torch) or graph node (llama.cpp) with
+``Interrupted``, and the exit waits until no pass is in flight and the threads started here have unwound.
 """
 
 from __future__ import annotations
@@ -16,11 +17,29 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
+from contextlib import contextmanager
 
 SHUTDOWN = threading.Event()
 JOIN_SECONDS = 30.0  # one layer or node is milliseconds; a model load (not interruptible) a few seconds
 
 _THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+_ACTIVE = 0                       # forward passes in flight, in any thread
+_IDLE = threading.Condition()
+
+
+@contextmanager
+def in_pass():
+    """Around a forward pass's native code: the exit waits for it to leave (see the module doc)."""
+    global _ACTIVE
+    with _IDLE:
+        _ACTIVE += 1
+    try:
+        yield
+    finally:
+        with _IDLE:
+            _ACTIVE -= 1
+            if _ACTIVE == 0:
+                _IDLE.notify_all()
 
 
 def with_shutdown(interrupt):
@@ -45,3 +64,5 @@ def _stop() -> None:
     for thread in list(_THREADS):
         if thread.is_alive() and thread is not threading.current_thread():
             thread.join(JOIN_SECONDS)
+    with _IDLE:
+        _IDLE.wait_for(lambda: _ACTIVE == 0, JOIN_SECONDS)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from disco.errors import InputError, Interrupted, UserError
-from disco.models.background import with_shutdown
+from disco.models.background import in_pass, with_shutdown
 
 
 class ModelLoadError(UserError, RuntimeError):
@@ -92,7 +92,8 @@ class TorchSession:
                 raise Interrupted("stopped before a forward pass")
             sync(self.device)
             start = time.perf_counter()
-            out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep)
+            with in_pass():  # the process's exit waits for it (disco.models.background)
+                out = self.model(input_ids=x, cache=self.cache, use_cache=True, logits_to_keep=keep)
         finally:
             _PASS.interrupt = None
         logits = out.logits[0, -keep:].float()

@@ -97,21 +97,36 @@ def _vllm(policy: Policy, batch_table: list[list[int]] | None) -> dict:
     elif "k" in v:
         k = v["k"]
         if kind != "static":
-            if batch_table:
-                k = batch_table[0][2]
-                note = (f"vLLM drafts a fixed number of tokens per step (no confidence stop): the best static K "
-                        f"modelled here for one request, {k}, instead of `{kind}`")
+            modelled = max((row[2] for row in batch_table or ()), default=0)
+            if modelled:
+                k = modelled
+                note = (f"vLLM drafts a fixed number of tokens per step (no confidence stop): the largest static K "
+                        f"modelled here for any batch size, {k}, instead of `{kind}`")
             else:
                 note = f"vLLM drafts a fixed number of tokens per step (no confidence stop): `{kind}`'s most, {k}"
+        batch_table = _capped(batch_table, k)
         config = {"method": "draft_model", "model": "ASSISTANT", "num_speculative_tokens": k}
     else:
         return _entry(None, "", f"no vLLM counterpart of `{kind}`", False)
     if batch_table and config["method"] == "draft_model":
         config["num_speculative_tokens_per_batch_size"] = batch_table
+        never = " (it says speculation does not pay here at any batch size)" if all(r[2] == 0 for r in batch_table) else ""
         note = "; ".join(n for n in (note, "the batch-size table is modelled from this machine's pass costs "
                                            "(a batch of B sequences verifying K+1 tokens each costed as one pass of "
-                                           "B(K+1) tokens), not measured with concurrent requests") if n)
+                                           f"B(K+1) tokens), not measured with concurrent requests{never}") if n)
     return _entry(config, f"--speculative-config '{json.dumps(config)}'", note, exact)
+
+
+def _capped(table: list[list[int]] | None, k: int) -> list[list[int]] | None:
+    """The batch-size table with no entry above ``num_speculative_tokens`` (vLLM's cap), equal neighbours merged."""
+    rows: list[list[int]] = []
+    for first, last, kk in table or ():
+        kk = min(kk, k)
+        if rows and rows[-1][2] == kk:
+            rows[-1][1] = last
+        else:
+            rows.append([first, last, kk])
+    return rows or None
 
 
 def take_away(policy: Policy, batch_table: list[list[int]] | None = None) -> dict:

@@ -71,7 +71,7 @@ class ChainBuilder:
 
     def __init__(self, pair):
         self.pair = pair
-        self.session = pair.session("assistant")
+        self.session = None  # made on first use; ``release`` hands it back between uses
         self.seq: list[int] = []
         self.next: tuple[int, float, float, float, float] | None = None
         self.passes = 0
@@ -93,6 +93,8 @@ class ChainBuilder:
                     break
                 common += 1
         common = min(common, n - 1)  # feed at least one token to get its logits
+        if self.session is None:
+            self.session, self.seq, common = self.pair.session("assistant"), [], 0
         self.session.crop(common)
         feed = seq[common:]
         logits, ms = self.session.forward(feed, 1)
@@ -104,6 +106,14 @@ class ChainBuilder:
         self.seq = list(seq)
         self.next = (token, *draft_features(probs, token))
         return self.next
+
+    def release(self) -> None:
+        """Hand the assistant's session back (a llama.cpp context returns to its pool; a benchmark holds a table per
+        prompt, and each kept session would hold its context); the next chain starts a new one."""
+        close = getattr(self.session, "close", None)
+        if close is not None:
+            close()
+        self.session, self.seq, self.next = None, [], None
 
 
 class ReplayTable:
@@ -171,6 +181,11 @@ class ReplayTable:
         if self.builder is None or self.builder.pair is not pair:
             self.builder = ChainBuilder(pair)
         return self
+
+    def release(self) -> None:
+        """Hand back the assistant session the chain builder holds, between uses (the models stay attached)."""
+        if self.builder is not None:
+            self.builder.release()
 
     def _chain(self, p: int) -> Chain:
         chain = self.chains.get(p)

@@ -45,9 +45,13 @@ def test_holdout_timing_and_the_other_engine_in_one_run(tmp_path, monkeypatch, t
     that engine's target alone right after each prompt (here the tiny torch pair: the same weights as the GGUF pair),
     and the report sets every timed lane against it."""
     from disco.bench import run as bench_run
+    from disco.models import load as model_load
 
     target, assistant = tiny_gguf.write_pair(tmp_path / "pair")
-    real = bench_run.load_pair
+    real, real_engine = bench_run.load_pair, model_load.resolve_engine
+    # two GGUF files run on llama.cpp only: stand in the tiny torch pair (the same weights) as the "torch engine"
+    monkeypatch.setattr(model_load, "resolve_engine", lambda engine, spec, device="auto", dtype="auto":
+                        "torch" if engine == "torch" else real_engine(engine, spec, device, dtype))
     monkeypatch.setattr(bench_run, "load_pair", lambda models, engine=None, **kw: tiny_pair if engine == "torch"
                         else real(models, engine=engine, **kw))
     out = tmp_path / "out"
@@ -75,9 +79,49 @@ def test_holdout_timing_and_the_other_engine_in_one_run(tmp_path, monkeypatch, t
     assert "Against plain decoding on each engine" in (out / "summary.md").read_text()
 
 
-def test_holdout_needs_both_splits(tmp_path):
+def test_holdout_needs_both_splits(tmp_path, capsys):
     target, assistant = tiny_gguf.write_pair(tmp_path / "pair")
     code = cli.main(["bench", "--models", f"{target}::{assistant}", "--mode", "both", "--holdout", "--no-peer",
                      "--max-new-tokens", "6", "--prompts", "code-csv-parse", "--out", str(tmp_path / "o"),
                      "--no-progress", "--static-ks", "1", "--taus", "0.4", "--kmaxes", "4"])
-    assert code == 2
+    assert code == 2 and "--holdout needs prompts of both splits" in capsys.readouterr().err
+    code = cli.main(["bench", "--models", "tiny", "--mode", "replay", "--holdout", "--out", str(tmp_path / "o2")])
+    assert code == 2 and "--holdout needs --mode both" in capsys.readouterr().err
+    code = cli.main(["bench", "--models", "tiny", "--mode", "replay", "--other-engine", "llamacpp",
+                     "--out", str(tmp_path / "o3")])
+    assert code == 2 and "--other-engine times the target alone" in capsys.readouterr().err
+
+
+def test_a_speculative_run_whose_statistics_were_lost_is_repeated(monkeypatch, tmp_path):
+    """llama.cpp's logger can exit before printing the example's closing statistics (llama_peer.ATTEMPTS): such a
+    run is repeated, and a run that keeps losing them is an error naming what it printed."""
+    import subprocess
+
+    from disco.policies import parse_strategy
+
+    stats = ("decoded   11 tokens in    0.250 seconds, speed: 44.0 t/s\nn_draft   = 4\nn_predict = 11\n"
+             "n_drafted = 7\nn_accept  = 5\n")
+    outputs = iter([("\n\nPROMPTab", "loading draft model\n"), ("\n\nPROMPTabc\n\n", stats)])
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        out, err = next(outputs)
+        return subprocess.CompletedProcess(cmd, 0, out, err)
+
+    class Tok:
+        @staticmethod
+        def decode(ids, skip_special_tokens=False):
+            return "PROMPT"
+
+    pair = type("P", (), {"tokenizer": Tok, "assistant_model": None, "assistant_path": tmp_path / "a.gguf",
+                          "target_path": tmp_path / "t.gguf", "context_length": 64})()
+    monkeypatch.setattr(llama_peer.subprocess, "run", fake_run)
+    monkeypatch.setattr(llama_peer, "binary", lambda name: tmp_path / name)
+    got = llama_peer.speculative(pair, [1, 2], parse_strategy("pmin:0.4:4:0"), 10)
+    assert len(calls) == 2
+    assert (got["seconds"], got["new_tokens"], got["drafted"], got["accepted"], got["text"]) == (0.25, 11, 7, 5, "abc")
+
+    outputs = iter([("\n\nPROMPTa", "loading draft model\n")] * llama_peer.ATTEMPTS)
+    with pytest.raises(RuntimeError, match="no statistics in .* runs: loading draft model"):
+        llama_peer.speculative(pair, [1, 2], parse_strategy("pmin:0.4:4:0"), 10)

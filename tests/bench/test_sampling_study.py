@@ -53,14 +53,14 @@ def test_speedups_and_summary_from_hand_made_rows():
 def test_the_command_end_to_end_on_the_tiny_pair(tmp_path):
     out = tmp_path / "sampling"
     argv = [sys.executable, "-m", "disco", "sampling", "--models", "tiny", "--prompts", "code-csv-parse,code-binary-search",
-            "--strategies", "static:3,threshold:0.4:20", "--temperatures", "0.7,1", "--seeds", "2",
+            "--strategies", "static:3,threshold:0.4:20,costaware:8", "--temperatures", "0.7,1", "--seeds", "2",
             "--max-new-tokens", "12", "--cost-profile", "flat:0.05", "--out", str(out), "--no-progress"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     rows = pd.read_csv(out / "sampling.csv")
-    assert set(rows["strategy"]) == {"autoregressive", "static:3", "threshold:0.4:20"}
+    assert set(rows["strategy"]) == {"autoregressive", "static:3", "threshold:0.4:20", "costaware:8"}  # costs read
     assert set(rows["prompt_id"]) == {"code-binary-search"}  # the test split only
-    assert len(rows) == 1 * 2 * 2 * 3 and (rows["ms_measured"] > 0).all() and (rows["ms_flat:0.05"] > 0).all()
+    assert len(rows) == 1 * 2 * 2 * 4 and (rows["ms_measured"] > 0).all() and (rows["ms_flat:0.05"] > 0).all()
     ar = rows[rows["strategy"] == "autoregressive"]
     assert (ar["iterations"] == ar["new_tokens"]).all() and (ar["assistant_passes"] == 0).all()
     table = pd.read_csv(out / "sampling_summary.csv")
@@ -76,6 +76,7 @@ def test_the_command_end_to_end_on_the_tiny_pair(tmp_path):
     (["--temperatures", "0"], "--temperatures"),
     (["--top-p", "1.5"], "--top-p"),
     (["--strategies", "oracle"], "greedy"),
+    (["--strategies", "autoregressive"], "at least one setting that drafts"),
     (["--strategies", "static:x"], "must be an integer"),
     (["--cost-profile", "measured"], "flat:C"),
     (["--prompts", "nope"], "unknown prompt"),

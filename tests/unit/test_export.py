@@ -82,6 +82,11 @@ def test_vllm_config_and_the_batch_size_table():
     assert json.loads(v["text"].split("'")[1]) == v["config"]
     thr = take_away(parse_strategy("threshold:0.4:20"), table)["vllm"]
     assert thr["config"]["num_speculative_tokens"] == 4 and not thr["exact"]  # no confidence stop in vLLM
+    # vLLM caps every batch size at num_speculative_tokens: a smaller static K caps the modelled table, never 0 as K
+    small = take_away(parse_strategy("static:2"), table)["vllm"]["config"]
+    assert small["num_speculative_tokens"] == 2 and small["num_speculative_tokens_per_batch_size"] == [[1, 15, 2], [16, 64, 0]]
+    off = take_away(parse_strategy("threshold:0.4:8"), [[1, 64, 0]])["vllm"]
+    assert off["config"]["num_speculative_tokens"] == 8 and "does not pay here at any batch size" in off["note"]
     ngram = take_away(parse_strategy("lookup:8:3"))["vllm"]["config"]
     assert ngram == {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
@@ -100,4 +105,8 @@ def test_the_profile_batch_table_is_well_formed():
     assert table[-1][2] <= table[0][2]  # a full batch leaves nothing to hide verification in
     prof.recommended = {"auto": "static:4@model", "auto_speedup": 1.5, "speculation_pays": True}
     (entry,) = prof.take_away()
-    assert entry["setting"] == "static:4@model" and entry["vllm"]["config"]["num_speculative_tokens_per_batch_size"] == table
+    capped = [[a, b, min(k, 4)] for a, b, k in table]  # static:4 drafts at most 4 at any batch size
+    merged = [r for i, r in enumerate(capped) if i == 0 or r[2] != capped[i - 1][2]]
+    for i, r in enumerate(merged):
+        r[1] = (merged[i + 1][0] - 1) if i + 1 < len(merged) else capped[-1][1]
+    assert entry["setting"] == "static:4@model" and entry["vllm"]["config"]["num_speculative_tokens_per_batch_size"] == merged
