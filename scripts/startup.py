@@ -1,8 +1,9 @@
 """The app's start from a warm cache, measured as a user meets it: seconds until the page is served and until the
 models are ready (the app's own log line), the process's resident memory then, and the time to first token of a
-race on a prompt of about 48 tokens (the autoregressive lane's first iteration, from the trace CSV).
+race (the autoregressive lane's first iteration, from the trace CSV) on a prompt of 48 tokens with the chat template
+(``short``, the default) or of 69 (``long``).
 
-Usage: PYTHONPATH=. .venv/bin/python scripts/startup.py [RUNS]   (DISCO_* variables pass through to the app)
+Usage: PYTHONPATH=. .venv/bin/python scripts/startup.py [RUNS] [short|long]   (DISCO_* variables pass through)
 Run it on a quiet machine: the page, the models and the race share its cores.
 """
 import os
@@ -14,8 +15,9 @@ import urllib.request
 
 import pandas as pd
 
-PROMPT = ("Write a Python function read_rows(path) that reads a CSV file with a header line and returns a list of "
-          "dictionaries, converting numeric fields to int or float. Include type hints and a docstring.")
+PROMPTS = {"short": "Write a Python function returning the n-th Fibonacci number. Include type hints and a docstring.",
+           "long": ("Write a Python function read_rows(path) that reads a CSV file with a header line and returns a list of "
+          "dictionaries, converting numeric fields to int or float. Include type hints and a docstring.")}
 PORT = 7871
 
 
@@ -25,7 +27,7 @@ def rss_gib(pid: int) -> float:
     return kb / 2**20
 
 
-def one_run() -> dict:
+def one_run(prompt: str) -> dict:
     env = {**os.environ, "GRADIO_SERVER_PORT": str(PORT), "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "app.py"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -58,7 +60,7 @@ def one_run() -> dict:
         from disco.app.race_tab import OUTPUT_LABELS
 
         client = Client(f"http://127.0.0.1:{PORT}/", verbose=False)
-        result = client.predict(PROMPT, lane_a="static", lane_b="threshold", max_new_tokens=16, api_name="/compare")
+        result = client.predict(prompt, lane_a="static", lane_b="threshold", max_new_tokens=16, api_name="/compare")
         trace = pd.read_csv(result[OUTPUT_LABELS.index("iterations_csv")])
         first = trace[trace["iteration"] == 1].set_index("strategy")["elapsed_ms"]
         status = re.sub(r"\s+", " ", result[0])[:200]
@@ -72,4 +74,4 @@ def one_run() -> dict:
 
 if __name__ == "__main__":
     for i in range(int(sys.argv[1]) if len(sys.argv) > 1 else 3):
-        print(one_run(), flush=True)
+        print(one_run(PROMPTS[sys.argv[2] if len(sys.argv) > 2 else "short"]), flush=True)

@@ -57,16 +57,15 @@ def gguf_tokenizer(path: Path, key: str | None = None):
     return tokenizer
 
 
-def file_type(path: Path) -> str:
-    """The GGUF's quantization label (``Q4_K_M``), from its metadata."""
-    from gguf import GGUFReader, LlamaFileType
+def file_type(model: llama.LlamaModel) -> str:
+    """The GGUF's quantization label (``Q4_K_M``), from the metadata llama.cpp already read. (gguf's GGUFReader
+    would parse the whole header again: 9 s for the embedded target's 150k-token vocabulary, most of a cold start.)"""
+    from gguf import LlamaFileType
 
     try:
-        reader = GGUFReader(str(path))
-        value = reader.fields["general.file_type"]
-        code = int(value.parts[value.data[0]][0])
+        code = int(model.meta("general.file_type"))
         return LlamaFileType(code).name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    except (KeyError, ValueError, IndexError, OSError):
+    except (TypeError, ValueError):
         return "gguf"
 
 
@@ -175,7 +174,7 @@ def load(name: str, target_path: Path, assistant_path: Path, target_id: str | No
     # both engines stop where transformers' generate stops
     pair = GGUFPair(name, Path(target_path), Path(assistant_path), tokenizer,
                     target_id or Path(target_path).name, assistant_id or Path(assistant_path).name,
-                    target, assistant, tuple(eos_ids) if eos_ids else (int(eos),), file_type(Path(target_path)))
+                    target, assistant, tuple(eos_ids) if eos_ids else (int(eos),), file_type(target))
     if hasattr(tokenizer, "model_max_length"):
         tokenizer.model_max_length = 10**9  # the engine checks lengths against the context itself
     pair.load_seconds = time.perf_counter() - start

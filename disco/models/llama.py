@@ -146,6 +146,12 @@ class LlamaModel:
         self.contexts_made = 0  # contexts created (the rest of the time one comes back from the pool)
         weakref.finalize(self, _free_model, lib, model, self._free)
 
+    def meta(self, key: str) -> str | None:
+        """A metadata value of the GGUF as llama.cpp read it (``general.file_type``), or None where it has none."""
+        buf = ctypes.create_string_buffer(256)
+        n = self.lib.llama_model_meta_val_str(self.model, key.encode(), buf, ctypes.sizeof(buf))
+        return buf.value.decode(errors="replace") if n >= 0 else None
+
     def context(self):
         """A context from the pool (its memory cleared), or a new one."""
         with self._lock:
