@@ -28,6 +28,7 @@ from disco.bench.analysis import REFERENCE_SETTING, geomean
 from disco.bench.suite import SuitePrompt
 from disco.costs.model import CostModel
 from disco.decode.live import Decoder
+from disco.decode.race import lane_pair
 from disco.decode.settings import DecodeSettings
 from disco.models.pair import encode_prompt
 from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
@@ -47,8 +48,6 @@ def run_one(pair, ids: list[int], policy: Policy, max_new_tokens: int, temperatu
             costs: dict[str, CostModel]) -> dict:
     settings = DecodeSettings(max_new_tokens=max_new_tokens, sample=True, temperature=temperature, top_p=top_p,
                               seed=seed)
-    from disco.decode.race import lane_pair
-
     lane = lane_pair(pair, policy)  # its @precision assistant, as in a race
     reads = policy.needs_costs or policy.reads_costs  # costaware / disco read this machine's measured costs
     start = time.perf_counter()

@@ -206,12 +206,11 @@ class Decoder(CoreView):
 
     def release(self) -> None:
         """Hand the model sessions back as soon as this decoder can no longer step (finished or interrupted): a
-        llama.cpp session's context returns to its pool at once (``LlamaSession.close``); a torch cache goes with
-        the decoder. The records, tokens and text stay."""
+        llama.cpp session's context returns to its pool at once, a torch session drops its KV cache. The records,
+        tokens and text stay."""
         for session in (self.target, self.assistant):
-            close = getattr(session, "close", None)
-            if close is not None:
-                close()
+            if session is not None:  # no assistant session for a drafter without a model
+                session.close()
 
     def run(self, interrupt=None) -> "Decoder":
         while not self.done:

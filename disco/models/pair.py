@@ -106,6 +106,11 @@ class TorchSession:
         if extra > 0:
             self.cache.crop(-extra)
 
+    def close(self) -> None:
+        """Drop the KV cache now, not when the session is collected (the session protocol's ``close``; a llama.cpp
+        session gives its context back). The session cannot be used afterwards."""
+        self.cache = None
+
 
 class Tokenized:
     """What every pair does with its tokenizer (a transformers tokenizer, whichever engine runs the models)."""

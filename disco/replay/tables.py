@@ -110,9 +110,8 @@ class ChainBuilder:
     def release(self) -> None:
         """Hand the assistant's session back (a llama.cpp context returns to its pool; a benchmark holds a table per
         prompt, and each kept session would hold its context); the next chain starts a new one."""
-        close = getattr(self.session, "close", None)
-        if close is not None:
-            close()
+        if self.session is not None:
+            self.session.close()
         self.session, self.seq, self.next = None, [], None
 
 

@@ -310,3 +310,12 @@ def test_interrupted_race_keeps_every_completed_iteration(tiny_pair, poll):
     for d in snapshot.decoders[1:]:  # every lane's partial text is a prefix of the same greedy output
         n = min(len(ar), len(d.output_ids))
         assert d.output_ids[:n] == ar[:n]
+
+
+def test_a_finished_decoder_drops_its_kv_caches_at_once(tiny_pair):
+    """Decoder.release closes both sessions when the run ends (the session protocol's close): the torch caches go
+    now, not when a garbage collection finds the decoder; the output stays."""
+    ids = encode_prompt(tiny_pair, PROMPTS[0], False, 12)
+    d = Decoder(tiny_pair, ids, parse_strategy("static:3"), _greedy(12)).run()
+    assert d.done and d.output_ids
+    assert d.target.cache is None and d.assistant.cache is None
