@@ -120,9 +120,14 @@ def test_sweep_tab_fills_the_heatmap_and_stops(page):
     page.locator("#sweep-taus textarea, #sweep-taus input").first.fill("0.3,0.6")
     page.locator("#sweep-kmaxes textarea, #sweep-kmaxes input").first.fill("4,8")
     set_slider(page, "sweep-max-new-tokens", 16)
+    picked = page.locator("#sweep-prompts input[type=checkbox]:checked").count()
+    assert picked > 1
     page.click("#sweep-run")
-    page.wait_for_selector("#sweep-status:has-text('prompts replayed')", timeout=RUN_TIMEOUT_MS)
+    # "k/N prompts replayed" shows after each prompt: wait for the last one, then for the detail plot the run's
+    # event chains to (Gradio drops a click on Run while the previous run's event is still pending)
+    page.wait_for_selector(f"#sweep-status:has-text('{picked}/{picked} prompts replayed')", timeout=RUN_TIMEOUT_MS)
     page.wait_for_selector("#sweep-heatmap .js-plotly-plot g.trace", timeout=RUN_TIMEOUT_MS)
+    page.wait_for_selector("#sweep-detail-plot .js-plotly-plot g.trace", timeout=RUN_TIMEOUT_MS)
     page.wait_for_selector("#sweep-stop:not([disabled])")
 
     # every prompt of the suite at 256 tokens: a run long enough by construction (minutes of work on any machine;
