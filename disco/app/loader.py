@@ -24,8 +24,9 @@ log = logging.getLogger("disco.app")
 
 class ModelLoader:
     """Loads the pair once, in a background thread, so the page can show a status line meanwhile; then measures
-    (or reads from the cache) this machine's cost profile in the same thread, taking turns with runs on
-    ``COMPUTE_LOCK``, for the "This machine" tab and the ``auto`` lane."""
+    (or reads from the cache) this machine's cost profile in the same thread, chunk by chunk through
+    ``COMPUTE_LOCK.background`` (a user's run waits for at most the chunk in flight), for the "This machine" tab
+    and the ``auto`` lane."""
 
     def __init__(self, spec: str, dtype: str = "auto", device: str = "auto", assistant: str | None = None,
                  profile: bool | None = None, engine: str | None = None):
@@ -84,8 +85,9 @@ class ModelLoader:
                     def step(message: str) -> None:
                         self.profile_step = message
                     # a quick first look (about a minute on llama.cpp), shown while the full profile is measured
-                    self.profile = machine_profile.measure(self.pair, self.spec, log=step, lock=COMPUTE_LOCK, quick=True)
-                    self.profile = machine_profile.measure(self.pair, self.spec, log=step, lock=COMPUTE_LOCK)
+                    turns = COMPUTE_LOCK.background  # users' runs go first
+                    self.profile = machine_profile.measure(self.pair, self.spec, log=step, lock=turns, quick=True)
+                    self.profile = machine_profile.measure(self.pair, self.spec, log=step, lock=turns)
                     profile.save(self.profile)
                 rec = self.profile.recommended
                 print(f"DISCO Lab: machine profile ready: auto = {rec.get('auto')} "

@@ -11,7 +11,7 @@ from typing import Callable
 
 import gradio as gr
 
-from disco.models.pair import COMPUTE_LOCK  # noqa: F401 - the race, the sweep and the background profile take turns
+from disco.models.turns import COMPUTE_LOCK  # noqa: F401 - the race, the sweep and the background profile take turns
 
 
 STOP_LABEL = "■ Stop"

@@ -55,8 +55,9 @@ def suite_prompts(ids=DEFAULT_PROMPTS):
 def measure(pair, models: str, prompts=DEFAULT_PROMPTS, max_new_tokens: int = DEFAULT_TOKENS, reps: int = 3,
             precisions=None, table_dir: Path | None = None, log=None, lock=None, should_stop=None,
             quick: bool = False) -> Profile:
-    """Measure the profile (see the module doc). ``lock`` (a context manager) is held around each chunk of
-    work and released between them, so a user's run waits at most one chunk; ``should_stop`` is polled between
+    """Measure the profile (see the module doc). ``lock`` (a reusable context manager, the app gives
+    ``disco.models.turns.COMPUTE_LOCK.background``) is held around each chunk of work and released between them,
+    so a user's run waits at most one chunk; ``should_stop`` is polled between
     chunks (raises ``disco.errors.Interrupted``). Tables go to ``table_dir`` (default: the one cache), where
     the Sweep tab and the benchmark find them. ``quick``: a preliminary profile first (fewer pass sizes, one
     timing each, the first prompt only), so the app shows a figure within minutes before the full one."""

@@ -40,7 +40,8 @@ from disco.bench.suite import BenchError, DEFAULT_SUITE, SuitePrompt, filter_pro
 from disco.costs import measure as cost_measure, model as cost_mod
 from disco.costs.model import CostModel
 from disco.models import load_pair, resolve_assistant
-from disco.models.pair import COMPUTE_LOCK, encode_prompt
+from disco.models.pair import encode_prompt
+from disco.models.turns import COMPUTE_LOCK
 from disco.policies import AUTOREGRESSIVE, Autoregressive, Policy, parse_strategy
 from disco.policies.grids import default_grid, with_baseline
 from disco.replay.run import replay_many

@@ -222,7 +222,7 @@ def cmd_sampling(args) -> int:
     from disco.bench.suite import BenchError, filter_prompts, load_suite, split_prompts
     from disco.costs import measure as cost_measure, model as cost_mod
     from disco.models import load_resolved
-    from disco.models.pair import COMPUTE_LOCK
+    from disco.models.turns import COMPUTE_LOCK
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

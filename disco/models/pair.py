@@ -29,9 +29,6 @@ class ModelLoadError(UserError, RuntimeError):
 # ~10 us on a 290 ms pass of the embedded target.
 _PASS = threading.local()
 
-# one model computation at a time in a process: the app's races, sweeps and background profile, and a benchmark
-# run in the same process, take turns on it (timings and pass counts of one would spoil the other's)
-COMPUTE_LOCK = threading.Lock()
 
 
 def _interrupt_hook(module, args) -> None:
