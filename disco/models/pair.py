@@ -30,7 +30,6 @@ class ModelLoadError(UserError, RuntimeError):
 _PASS = threading.local()
 
 
-
 def _interrupt_hook(module, args) -> None:
     interrupt = getattr(_PASS, "interrupt", None)
     if interrupt is not None and interrupt():

@@ -9,12 +9,13 @@ it with ``with COMPUTE_LOCK.background:`` and so only while no user's run is wai
 at once takes the lock again usually wins over a thread already waiting (measured here: a waiter sat through 200
 to 300 back-to-back 30 ms chunks, 6 to 9 s). The app's profile works in chunks of about 2 s, so a race started
 while it ran could wait for most of the profile (minutes on llama.cpp), not for the one chunk in flight.
-Users' runs are served in the order they asked (tickets), each after at most the background chunk in flight.
+Users' runs are served in the order they asked (a queue), each after at most the background chunk in flight.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 
 
 class ComputeLock:
@@ -24,17 +25,21 @@ class ComputeLock:
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._held = False
-        self._next_ticket = 0   # tickets handed to users' runs
-        self._serving = 0       # the ticket whose turn is next
+        self._queue: deque[object] = deque()  # users' runs waiting, first come first
         self.background = _Background(self)
 
     def acquire(self) -> bool:
         with self._cond:
-            ticket = self._next_ticket
-            self._next_ticket += 1
+            me = object()
+            self._queue.append(me)
             self._cond.notify_all()  # a waiter count changed (tests and diagnostics wait on it)
-            self._cond.wait_for(lambda: not self._held and self._serving == ticket)
-            self._serving += 1
+            try:
+                self._cond.wait_for(lambda: not self._held and self._queue[0] is me)
+            except BaseException:  # a waiter that gives up (an exception in its wait) leaves the queue
+                self._queue.remove(me)
+                self._cond.notify_all()
+                raise
+            self._queue.popleft()
             self._held = True
             self._cond.notify_all()
         return True
@@ -51,11 +56,11 @@ class ComputeLock:
 
     def waiting(self) -> int:
         """Users' runs waiting for their turn."""
-        return self._next_ticket - self._serving
+        return len(self._queue)
 
     def _acquire_background(self) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: not self._held and self._next_ticket == self._serving)
+            self._cond.wait_for(lambda: not self._held and not self._queue)
             self._held = True
 
     def __enter__(self) -> "ComputeLock":

@@ -44,9 +44,13 @@ def test_a_user_run_waits_for_one_background_chunk_not_the_whole_job():
 
     runner = threading.Thread(target=user, daemon=True)
     runner.start()
-    _wait_for_waiters(lock, 1)  # the user's run is queued while the first chunk holds the models
-    release_chunk.set()         # from now on every chunk would end at once: the background loop spins
-    runner.join(JOIN)
+    try:
+        _wait_for_waiters(lock, 1)  # the user's run is queued while the first chunk holds the models
+        release_chunk.set()         # from now on every chunk would end at once: the background loop spins
+        runner.join(JOIN)
+    finally:
+        stop.set()
+        release_chunk.set()
     worker.join(JOIN)
     assert not runner.is_alive() and not worker.is_alive()
     assert seen == [1], f"the user's run got the models after {seen} background chunks, not after the first"
@@ -102,3 +106,41 @@ def test_the_lock_is_released_when_the_work_raises():
 def test_release_of_a_free_lock_is_an_error():
     with pytest.raises(RuntimeError, match="not held"):
         ComputeLock().release()
+
+
+def test_a_run_that_gives_up_waiting_does_not_block_the_runs_after_it():
+    lock = ComputeLock()
+    real_wait_for = lock._cond.wait_for
+
+    def wait_for(predicate, timeout=None):  # the waiter named "quitter" fails in its wait (say, interrupted)
+        if threading.current_thread().name == "quitter":
+            raise KeyboardInterrupt
+        return real_wait_for(predicate, timeout)
+
+    lock._cond.wait_for = wait_for
+    lock.acquire()
+    failed = []
+
+    def quitter():
+        try:
+            lock.acquire()
+        except KeyboardInterrupt:
+            failed.append(True)
+
+    q = threading.Thread(target=quitter, name="quitter", daemon=True)
+    q.start()
+    q.join(JOIN)
+    assert failed == [True] and lock.waiting() == 0
+    lock.release()
+    done = []
+
+    def later():
+        with lock:
+            done.append("run")
+        with lock.background:
+            done.append("background")
+
+    t = threading.Thread(target=later, daemon=True)
+    t.start()
+    t.join(JOIN)
+    assert done == ["run", "background"]
