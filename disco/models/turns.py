@@ -41,8 +41,7 @@ class ComputeLock:
                 self._cond.notify_all()
                 raise
             self._queue.popleft()
-            self._held = True
-            self._cond.notify_all()
+            self._held = True  # nobody else can go on now: no one to wake
         return True
 
     def release(self) -> None:
