@@ -45,25 +45,34 @@ def safe_name(name: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)[:60] or "item"
 
 
-def write_json(path: Path, data: dict, indent: int | None = 1, quiet: bool = True) -> Path | None:
-    """Write ``data`` atomically (temp file + rename), so an interrupted write never leaves a broken file. With
-    ``quiet``, None when the cache is not writable (a read-only cache only costs a re-measurement next time);
-    otherwise the OSError is raised."""
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` atomically (temp file + rename): an interrupted write never leaves a broken file. Raises
+    OSError."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=indent, separators=None if indent else (",", ":")))
+        tmp.write_text(text)
         os.replace(tmp, path)
     except OSError:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
+        raise
+    return path
+
+
+def write_json(path: Path, data: dict, indent: int | None = 1, quiet: bool = True) -> Path | None:
+    """Write ``data`` atomically (temp file + rename), so an interrupted write never leaves a broken file. With
+    ``quiet``, None when the cache is not writable (a read-only cache only costs a re-measurement next time);
+    otherwise the OSError is raised."""
+    try:
+        return write_text(path, json.dumps(data, indent=indent, separators=None if indent else (",", ":")))
+    except OSError:
         if not quiet:
             raise
         return None
-    return path
 
 
 def read_json(path: Path):

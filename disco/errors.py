@@ -18,6 +18,10 @@ class InputError(UserError, ValueError):
     """Bad user input (empty prompt, impossible lengths, a number out of range, ...)."""
 
 
+class BenchError(UserError, ValueError):
+    """A benchmark or prompt-suite input that cannot be used (a suite file, a selection, a grid, an option)."""
+
+
 class Interrupted(Exception):
     """A step abandoned at the caller's request (Stop in the app); that decoder cannot step again. Not an error."""
 

@@ -5,13 +5,13 @@ Usage: PYTHONPATH=. .venv/bin/python scripts/check_adaptive.py {model,int8} MAX_
 import sys
 
 from disco.bench.peer import run_hf, run_ours
-from disco.bench.suite import load_suite, pick_prompts
+from disco.suites import load_suite, pick_prompts
 from disco.models import encode_prompt, load_pair, resolve_assistant
 from disco.policies import parse_strategy
 
 prec = sys.argv[1]; n = int(sys.argv[2])
 pair = resolve_assistant(load_pair("embedded", dtype="bf16"), prec)
-for p in pick_prompts(load_suite(), 6):
+for p in pick_prompts(list(load_suite().prompts), 6):
     ids = encode_prompt(pair, p.prompt, p.chat, n)
     for spec in ["adaptive:0.4:20", "adaptive:0.6:5"]:
         policy = parse_strategy(spec)

@@ -7,14 +7,14 @@ Usage: PYTHONPATH=. .venv/bin/python scripts/check_lookup.py MAX_NEW_TOKENS SPEC
 import sys
 
 from disco.bench.peer import run_hf, run_ours
-from disco.bench.suite import load_suite
+from disco.suites import load_suite
 from disco.models import encode_prompt, load_pair
 from disco.policies import parse_strategy
 
 n, specs = int(sys.argv[1]), sys.argv[2:] or ["lookup:10:2"]
 pair = load_pair("embedded", engine="torch")
 equal = total = 0
-for p in load_suite():
+for p in load_suite().prompts:
     ids = encode_prompt(pair, p.prompt, p.chat, n)
     for spec in specs:
         ours, hf = run_ours(pair, ids, parse_strategy(spec), n), run_hf(pair, ids, parse_strategy(spec), n)

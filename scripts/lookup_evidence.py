@@ -11,14 +11,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from disco.bench.suite import load_suite, split_prompts
+from disco.suites import load_suite, split_prompts
 from disco.policies.lookup import NGRAM_DEFAULT, evidence, find_match
 from disco.replay.tables import cached_table_paths
 
 folder, split = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "train")
 buckets = defaultdict(lambda: [0, 0])  # evidence -> [reached, accepted]
 tables, seen = 0, set()
-for prompt in split_prompts(load_suite(), split):
+for prompt in split_prompts(list(load_suite().prompts), split):
     for path in cached_table_paths(folder, prompt.id):
         data = json.loads(path.read_text())
         ids, ref = list(data["prompt_ids"]), list(data["reference"])

@@ -3,6 +3,7 @@ arguments with the shared pieces of ``disco.options``; the root parser (``disco.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -12,9 +13,10 @@ from pathlib import Path
 from disco import options
 from disco.bench.analysis import REFERENCE_SETTING
 from disco.bench.run import BenchConfig, run_bench
-from disco.bench.suite import DEFAULT_SUITE, SPLITS, BenchError, load_suite, pick_prompts
+from disco.bench import cluster, prompts as prompt_fit
 from disco.costs.profile import DEFAULT_PROMPTS, DEFAULT_TOKENS
-from disco.errors import InputError
+from disco.errors import BenchError, InputError
+from disco import suites
 from disco.machine import flags_line
 from disco.models import load_resolved
 from disco.policies import KMAXES, STATIC_KS, TAUS, parse_strategy
@@ -45,8 +47,9 @@ def add_bench(sub) -> None:
                                    "grid, timed runs of the best settings, and transformers' assisted generation as "
                                    "the peer.")
     options.add_models(p)
-    p.add_argument("--suite", default=None, help=f"prompt suite (.json/.jsonl; default {DEFAULT_SUITE.name})")
-    p.add_argument("--prompts", default=None, help="comma-separated prompt ids or kinds to keep")
+    suites.add_arguments(p)
+    prompt_fit.add_arguments(p)
+    cluster.add_arguments(p)
     p.add_argument("--max-new-tokens", type=options.positive, default=None, help="tokens per prompt (default 64; quick 32)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default bench-out/MODELS)")
     p.add_argument("--quick", action="store_true",
@@ -66,10 +69,10 @@ def add_bench(sub) -> None:
                         "threshold:0.4:20, adaptive:0.4:20)")
     p.add_argument("--timed-prompts", type=options.positive, default=None,
                    help="how many prompts to time, spread over the kinds (default 6; quick: all)")
-    p.add_argument("--split", choices=SPLITS, default="all",
-                   help="replay only the suite's train or test prompts (split by prompt, alternately within each kind); "
-                        "with all (default) the report adds a train/test table: each kind's setting chosen on train, "
-                        "its speed-up on test")
+    p.add_argument("--split", choices=suites.SPLITS, default="all",
+                   help="replay only the suite's train or test prompts (split by question, alternately within each kind, "
+                        "or by --holdout-kinds); with all (default) the report adds a train/test table: each kind's "
+                        "setting chosen on train, its speed-up on test")
     p.add_argument("--holdout", action="store_true",
                    help="--mode both: time the settings that replay ranks best on the train prompts, on the test prompts "
                         "only (so the timed figures are held out from the choice)")
@@ -115,15 +118,20 @@ def config_from_args(args, argv: list[str]) -> BenchConfig:
             raise BenchError(f"--other-engine {args.other_engine} is this run's own engine")
         resolve_engine(args.other_engine, models, args.device, "auto")  # a clear error now, not after the replay
     out = args.out or Path("bench-out") / ("quick" if quick else "".join(c if c.isalnum() else "_" for c in models)[:40])
-    prompts = args.prompts
-    if quick and prompts is None:
-        suite = load_suite(args.suite)
-        prompts = ",".join(p.id for p in pick_prompts(suite, 3))
+    selection = suites.selection_from_args(args)
+    if quick and args.prompts is None and args.suite is None and args.limit is None:
+        builtin = suites.load_suite()
+        selection = dataclasses.replace(selection, prompts=",".join(p.id for p in suites.pick_prompts(
+            list(builtin.prompts), 3)))
+    ray = cluster.config_from_args(args)
+    if ray is not None and mode == "timed":
+        raise BenchError("--ray builds replay tables: use it with --mode replay or both")
     return BenchConfig(
-        models=models, suite=args.suite, max_new_tokens=args.max_new_tokens or (32 if quick else 64), out=out,
+        models=models, selection=selection, fitting=prompt_fit.fitting_from_args(args), cluster=ray,
+        max_new_tokens=args.max_new_tokens or (32 if quick else 64), out=out,
         mode=mode, dtype=args.dtype, device=args.device, engine=args.engine,
         assistant_precision=args.assistant_precision, policies=tuple(policies), timed_policies=tuple(timed),
-        timed_prompts=args.timed_prompts or (None if quick else 6), prompts=prompts, split=args.split, reps=args.reps,
+        timed_prompts=args.timed_prompts or (None if quick else 6), split=args.split, reps=args.reps,
         calibration_reps=args.calibration_reps,
         cache_dir=args.cache_dir, cost_profile=args.cost_profile, peer=not args.no_peer, other_engine=args.other_engine,
         holdout=args.holdout,
@@ -279,24 +287,26 @@ def add_train(sub) -> None:
     p = sub.add_parser("train", help="train the DISCO classifier (disco:KMAX lanes) from replay tables")
     options.add_models(p)
     options.add_numerics(p)
-    p.add_argument("--suite", default=None, help="prompt suite (default assets/suite.json)")
-    p.add_argument("--prompts", default=None, help="comma-separated prompt ids or kinds (default: the whole suite)")
+    suites.add_arguments(p)
+    prompt_fit.add_arguments(p)
+    cluster.add_arguments(p)
     p.add_argument("--max-new-tokens", type=options.integer, default=48, help="tokens per prompt (default 48)")
     p.add_argument("--kmax", type=options.integer, default=20, help="deepest draft step sampled and the KMAX tuned for")
     p.add_argument("--cost-profile", default="measured", metavar="PROFILE",
                    help="costs the stop threshold is tuned under: measured (default), flat:C, or a profile CSV")
     p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default: the one cache)")
     p.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS, help=f"weights file (default {DEFAULT_WEIGHTS.name} in assets/)")
+    p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
 
 
 def cmd_train(args) -> int:
+    import functools
+
     from disco import cache
-    from disco.bench.suite import filter_prompts, split_of
-    from disco.bench.train import train
+    from disco.bench.build import build_here
+    from disco.bench.train import samples, train
     from disco.costs import measure as cost_measure, model as cost_mod
-    from disco.models.pair import encode_prompt
-    from disco.replay.tables import build_table
 
     log = _log
     if not 1 <= args.kmax <= 64:
@@ -304,23 +314,29 @@ def cmd_train(args) -> int:
     if not 2 <= args.max_new_tokens <= 512:
         raise InputError(f"--max-new-tokens must be between 2 and 512, got {args.max_new_tokens}")
     profile = cost_mod.check_profile(args.cost_profile)
-    suite = load_suite(args.suite)
-    which = split_of(suite)
-    prompts = filter_prompts(suite, args.prompts)
-    if not any(which[p.id] == "train" for p in prompts):
+    fitting = prompt_fit.fitting_from_args(args)
+    ray = cluster.config_from_args(args)
+    prompts = suites.pick(suites.selection_from_args(args)).prompts
+    if not any(p.split == "train" for p in prompts):
         raise InputError("the selected prompts hold no train-split prompt")
     out = args.out.expanduser()
     if out.is_dir() or not out.resolve().parent.is_dir():
         raise InputError(f"cannot write {out}: give a file in an existing folder")
-    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=log, engine=args.engine)
-    encoded = {p.id: encode_prompt(pair, p.prompt, p.chat, args.max_new_tokens) for p in prompts}
-    tables = {}
     cache_dir = args.cache_dir or cache.tables_dir()
-    for p in prompts:
-        log(f"table {p.id} ({which[p.id]}) ...")
-        tables[p.id] = build_table(pair, encoded[p.id], args.max_new_tokens, cache_dir, name=p.id)
-    costs = cost_mod.resolve(profile, measured=lambda: cost_measure.cached_costs(pair, list(encoded.values()), args.kmax),
-                             precision=pair.assistant_precision)
+    # what training reads of a table: the chain from every position, as deep as it agrees with the target (+1)
+    fill = functools.partial(samples, max_new_tokens=args.max_new_tokens, kmax=args.kmax)
+    if ray is not None:
+        spec = cluster.PairSpec(args.models, args.engine, args.dtype, args.device, args.assistant_precision)
+        cluster.build_tables(ray, spec, prompts, [], args.max_new_tokens, fitting, cache_dir, not args.no_progress, log,
+                             fill=fill)
+    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=log, engine=args.engine)
+    encoder = prompt_fit.PromptEncoder(pair, args.max_new_tokens, cache_dir, fitting)
+    tables, prompts, _ = build_here(pair, prompts, [], args.max_new_tokens, cache_dir, encoder, not args.no_progress)
+    if encoder.skipped:
+        log(f"skipped {len(encoder.skipped)} prompts that do not fit: {', '.join(list(encoder.skipped)[:5])}")
+    which = {p.id: p.split for p in prompts}
+    costs = cost_mod.resolve(profile, measured=lambda: cost_measure.cached_costs(
+        pair, [encoder.ids(p) for p in prompts], args.kmax), precision=pair.assistant_precision)
     meta = dict(pair.describe())
     meta.update(cost_profile=profile, command="python -m disco train " + " ".join(sys.argv[2:]))
     weights = train({k: t for k, t in tables.items() if which[k] == "train"},

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from disco import cache
 from disco.bench.analysis import geomean
-from disco.bench.suite import load_suite
+from disco.suites import load_suite
 from disco.costs.profile import (
     DEFAULT_PROMPTS, DEFAULT_TOKENS, Profile, ProfileError, load_cached, save,
 )
@@ -45,7 +45,7 @@ def grid():
 
 
 def suite_prompts(ids=DEFAULT_PROMPTS):
-    suite = {p.id: p for p in load_suite()}
+    suite = {p.id: p for p in load_suite().prompts}
     missing = [i for i in ids if i not in suite]
     if missing:
         raise ProfileError(f"unknown suite prompt(s): {', '.join(missing)}")

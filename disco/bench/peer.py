@@ -12,14 +12,15 @@ import torch
 
 from disco.bench import llama_peer
 from disco.bench.runs import PEER_PREFIX, run_row
-from disco.bench.suite import BenchError, SuitePrompt
+from disco.errors import BenchError
+from disco.suites import SuitePrompt
 from disco.decode.divergence import explain as explain_divergence
 from disco.decode.divergence import short as divergence_short
 from disco.decode.live import Decoder
 from disco.decode.race import greedy_reference
 from disco.decode.settings import DecodeSettings
 from disco.decode.trace import iterations_frame, summarize
-from disco.models.pair import encode_prompt, sync
+from disco.models.pair import sync
 from disco.policies import AUTOREGRESSIVE, Autoregressive, Policy, Threshold
 
 
@@ -146,13 +147,13 @@ def _llama_row(pair, prompt, spec, runs, measured, base, max_new_tokens, meta, p
                    peer_command=first.get("command", ""))
 
 
-def timed_prompt(pair, prompt: SuitePrompt, policies: list[Policy], max_new_tokens: int, meta: dict, reps: int = 1,
-                 reference: list[int] | None = None, peer: bool = True, order_offset: int = 0,
+def timed_prompt(pair, prompt: SuitePrompt, ids: list[int], policies: list[Policy], max_new_tokens: int, meta: dict,
+                 reps: int = 1, reference: list[int] | None = None, peer: bool = True, order_offset: int = 0,
                  costs=None) -> tuple[list[dict], list]:
-    """Run ours and the peer back to back for every policy (A B B A ...), ``reps`` times.
+    """Run ours and the peer back to back for every policy (A B B A ...), ``reps`` times, on the prompt's ``ids``
+    (``disco.bench.prompts.PromptEncoder``).
 
     Returns the runs.csv rows (median seconds over reps) and our engine's per-iteration records."""
-    ids = encode_prompt(pair, prompt.prompt, prompt.chat, max_new_tokens)
     measured: dict[tuple[str, str], list[dict]] = {}
     records = []
     for rep in range(reps):

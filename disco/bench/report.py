@@ -9,13 +9,16 @@ from pathlib import Path
 import pandas as pd
 
 from disco.bench.heatmap import heatmap_figure, heatmap_grid, heatmap_svg
+from disco.bench.kinds import kind_answer, kind_answer_md, leave_one_kind_out, leave_one_kind_out_md
+from disco.bench.build import prompts_md
 from disco.bench.holdout import best_new, holdout_frame, holdout_md, kind_holdout, kind_holdout_md
 from disco.bench.positions import positions_frame, positions_md
 from disco.bench.runs import ensure_policy_columns
-from disco.bench.suite import BenchError, KINDS
 from disco.costs import model as cost_mod
 from disco.costs.model import CostModel
+from disco.errors import BenchError
 from disco.policies import AUTOREGRESSIVE, STATIC_KS
+from disco.suites import BUILTIN_KINDS as KINDS
 from disco.text import fmt as _fmt
 from disco.bench.analysis import (
     REFERENCE_SETTING, add_decode_speedup, best_settings, engine_frame, overall_rows, peer_frame, summarize_runs, theory_frame,
@@ -253,10 +256,10 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
 
 
 def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFrame | None = None,
-                  drafts: pd.DataFrame | None = None) -> dict:
+                  drafts: pd.DataFrame | None = None, prompts: pd.DataFrame | None = None) -> dict:
     """Every summary output from runs.csv's rows and the run's meta (also used by ``--report-only``); ``drafts``
-    (every replayed drafting iteration of this run) gives ``positions.csv``; ``None`` (``--report-only``) keeps the
-    one the run wrote."""
+    (every replayed drafting iteration of this run) gives ``positions.csv`` and ``prompts`` (one row per prompt:
+    ``disco.bench.build``) ``prompts.csv``; ``None`` (``--report-only``) keeps the ones the run wrote."""
     runs_df = add_decode_speedup(runs)
     summary = summarize_runs(runs_df)
     modes = set(runs_df["mode"]) if not runs_df.empty else set()
@@ -330,9 +333,30 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
         files["holdout"] = out / "holdout.csv"
         meta["holdout_best_new"] = best_new(held)
         text = text.rstrip("\n") + "\n\n" + holdout_md(held)
+    text = _kind_sections(out, runs_df, meta, text, files)
+    if prompts is not None and not prompts.empty:
+        prompts.to_csv(out / "prompts.csv", index=False)
+    if (out / "prompts.csv").is_file():
+        files["prompts"] = out / "prompts.csv"
     (out / "summary.md").write_text(text, encoding="utf-8")
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=_json_default), encoding="utf-8")
     return {"files": files, "meta": meta, "summary": summary, "runs": runs_df, "validation": validation, "peers": peers}
+
+
+def _kind_sections(out: Path, runs: pd.DataFrame, meta: dict, text: str, files: dict) -> str:
+    """The per-kind answer and the leave-one-kind-out table (CSV and summary.md), then the prompts section."""
+    answer = kind_answer(runs)
+    if not answer.empty:
+        answer.to_csv(out / "kinds.csv", index=False)
+        files["kinds"] = out / "kinds.csv"
+        text = text.rstrip("\n") + "\n\n" + kind_answer_md(answer, f"cost profile `{meta.get('cost_profile')}`")
+    loko = leave_one_kind_out(runs)
+    if not loko.empty:
+        loko.to_csv(out / "kinds_holdout.csv", index=False)
+        files["kinds_holdout"] = out / "kinds_holdout.csv"
+        text = text.rstrip("\n") + "\n\n" + leave_one_kind_out_md(loko)
+    section = prompts_md(meta)
+    return text.rstrip("\n") + "\n\n" + section if section else text
 
 
 def _headline_specs(best: dict) -> list[str]:

@@ -8,15 +8,14 @@ import os
 import platform
 from pathlib import Path
 
-from disco.bench.suite import SuitePrompt
-from disco.costs.model import flat
+from disco.costs.model import CostModel, flat
 from disco.machine import cpu_info, flags_line
 from disco.models.keys import machine_key
-from disco.models.pair import encode_prompt
 from disco.errors import UserError
 from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
 from disco.replay.run import replay_many
 from disco.replay.tables import build_table
+from disco.suites import SuitePrompt
 
 
 
@@ -93,7 +92,8 @@ def run_row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, 
          meta: dict, **extra) -> dict:
     seconds = s["seconds"]
     row = {
-        "prompt_id": prompt.id, "kind": prompt.kind, "split": prompt.split, "chat": prompt.chat, "strategy": strategy,
+        "prompt_id": prompt.id, "question": prompt.unit, "turn": prompt.turn, "kind": prompt.kind, "split": prompt.split,
+        "chat": prompt.chat, "strategy": strategy,
         "mode": mode,
         "implementation": implementation, "seconds": seconds, "new_tokens": s["new_tokens"],
         "iterations": s.get("iterations"), "target_passes": s["target_calls"],
@@ -113,18 +113,45 @@ def run_row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, 
     return row
 
 
-def prepare_table(pair, prompt: SuitePrompt, policies: list[Policy], max_new_tokens: int, cache_dir: Path | None):
-    """Build (or load) one prompt's table and make sure it holds every chain token ``policies`` need."""
-    ids = encode_prompt(pair, prompt.prompt, prompt.chat, max_new_tokens)
-    table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id)
+def prepare_table(pair, prompt: SuitePrompt, policies: list[Policy], max_new_tokens: int, cache_dir: Path | None,
+                  encoder, fill=None):
+    """Build (or load) one prompt's table and make sure it holds every chain token ``policies`` need (and what
+    ``fill(table)`` reads: the classifier's training samples). ``encoder`` (``disco.bench.prompts.PromptEncoder``)
+    gives its ids and raises PromptSkipped where the length rule drops it."""
+    ids = encoder.ids(prompt)
+    table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id, about=encoder.about(prompt))
     # a cost-aware policy needs some cost model to run; a free assistant drafts the deepest chains (what a real
     # profile needs beyond them is computed when the grid is replayed with the models attached)
     results = replay_many(table, policies, max_new_tokens, flat(0.0))
+    if fill is not None:
+        fill(table)
     if table.builder is not None and table.builder.passes:
-        table.meta["chain_passes"] = table.meta.get("chain_passes", 0) + table.builder.passes
-        table.meta["chain_seconds"] = table.meta.get("chain_seconds", 0.0) + table.builder.ms / 1000.0
+        table.stats["chain_passes"] = table.stats.get("chain_passes", 0) + table.builder.passes
+        table.stats["chain_seconds"] = table.stats.get("chain_seconds", 0.0) + table.builder.ms / 1000.0
         table.builder.passes, table.builder.ms = 0, 0.0
     if table.dirty:
         table.save()
     table.release()  # a benchmark holds a table per prompt: chains still missing later get a new session
     return table, results
+
+
+def replay_grid(tables: dict, prompts: list[SuitePrompt], specs: list[Policy], max_new_tokens: int, costs: CostModel,
+                meta: dict, positions: list[dict] | None = None) -> list[dict]:
+    """Every policy replayed on every prompt's table under ``costs`` (the runs table's replay rows); records in
+    ``meta`` what the report needs of it: the costs, the prompts replayed, α (the assistant's first draft equals
+    the target's token, over all positions) and c; appends each drafting iteration to ``positions`` when given."""
+    meta["costs"] = costs.to_dict()
+    runs: list[dict] = []
+    hits = total = 0
+    for p in prompts:
+        table = tables[p.id]
+        results = replay_many(table, specs, max_new_tokens, costs)
+        runs += replay_rows(p, table, results, meta)
+        if positions is not None:  # each run's drafts, for the acceptance by draft position
+            positions += [{"prompt_id": p.id, "kind": p.kind, "split": p.split, "strategy": spec,
+                           "lookahead": r.lookahead, "accepted": r.accepted}
+                          for spec, res in results.items() for r in res.records if r.lookahead]
+        h, n = table.first_token_agreement(max_new_tokens)
+        hits, total = hits + h, total + n
+    meta.update(prompts_replayed=len(prompts), alpha=hits / total if total else math.nan, cost_ratio=costs.cost_ratio)
+    return runs

@@ -25,13 +25,12 @@ import time
 import pandas as pd
 
 from disco.bench.analysis import REFERENCE_SETTING, geomean
-from disco.bench.suite import SuitePrompt
 from disco.costs.model import CostModel
 from disco.decode.live import Decoder
 from disco.decode.race import lane_pair
 from disco.decode.settings import DecodeSettings
-from disco.models.pair import encode_prompt
 from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
+from disco.suites import SuitePrompt
 
 TEMPERATURES = (0.7, 1.0)
 SEEDS = 3
@@ -67,15 +66,20 @@ def run_one(pair, ids: list[int], policy: Policy, max_new_tokens: int, temperatu
 
 
 def run_study(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_tokens: int, costs: dict[str, CostModel],
-              temperatures=TEMPERATURES, seeds: int = SEEDS, top_p: float = 1.0, progress=None) -> pd.DataFrame:
-    """Every (prompt, temperature, seed, policy) run once, the target alone included; one row each."""
+              temperatures=TEMPERATURES, seeds: int = SEEDS, top_p: float = 1.0, progress=None,
+              encoder=None) -> pd.DataFrame:
+    """Every (prompt, temperature, seed, policy) run once, the target alone included; one row each. ``encoder``
+    (``disco.bench.prompts.PromptEncoder``) gives each prompt's ids (default: one without a cache)."""
+    from disco.bench.prompts import PromptEncoder
+
+    encoder = encoder or PromptEncoder(pair, max_new_tokens, None)
     specs = [p.spec for p in policies]
     if AUTOREGRESSIVE not in specs:
         policies = [parse_strategy(AUTOREGRESSIVE), *policies]
     rows = []
     total = len(prompts) * len(temperatures) * seeds * len(policies)
     for p in prompts:
-        ids = encode_prompt(pair, p.prompt, p.chat, max_new_tokens)
+        ids = encoder.ids(p)
         for t in temperatures:
             for seed in range(seeds):
                 for policy in policies:
@@ -162,16 +166,17 @@ def summary_md(table: pd.DataFrame, meta: dict) -> str:
 def add_command(sub) -> None:
     from pathlib import Path
 
-    from disco import options
-    from disco.bench.suite import DEFAULT_SUITE
+    from disco import options, suites
+    from disco.bench import cluster, prompts
 
     p = sub.add_parser("sampling", help="the seed's question under sampling: live sampled runs of the settings greedy "
                                         "replay ranks best, several temperatures and seeds",
                        description=__doc__.split("\n\n")[0])
     options.add_models(p)
     options.add_numerics(p)
-    p.add_argument("--suite", default=None, help=f"prompt suite (default {DEFAULT_SUITE.name})")
-    p.add_argument("--prompts", default=None, help="comma-separated prompt ids or kinds to keep (both splits)")
+    suites.add_arguments(p)
+    prompts.add_arguments(p)
+    cluster.add_arguments(p)
     p.add_argument("--max-new-tokens", type=options.positive, default=48, help="tokens per run (default 48)")
     p.add_argument("--temperatures", type=options.number_list(float), default=list(TEMPERATURES),
                    help="comma-separated (default 0.7,1)")
@@ -188,20 +193,31 @@ def add_command(sub) -> None:
     p.set_defaults(func=cmd_sampling)
 
 
-def _choose(pair, prompts, max_new_tokens: int, costs: dict[str, CostModel], cache_dir, log) -> dict[str, list[str]]:
+def choice_grid() -> list[Policy]:
+    """What greedy replay ranks on the train prompts to choose the study's settings: static K and τ × KMAX."""
+    from disco.policies import KMAXES, STATIC_KS, TAUS
+    from disco.policies.grids import default_grid
+
+    return default_grid(STATIC_KS, TAUS, KMAXES, heuristic=(), oracle=False, kinds=())
+
+
+def _choose(pair, prompts, max_new_tokens: int, costs: dict[str, CostModel], cache_dir, log,
+            encoder) -> dict[str, list[str]]:
     """Per cost profile, the best static K and the best threshold of greedy replay on ``prompts`` (the train split);
     the tables come from (and go to) ``cache_dir``, so a benchmark's tables are reused."""
     from disco.bench.analysis import best_settings, summarize_runs
+    from disco.bench.prompts import PromptSkipped
     from disco.bench.runs import prepare_table, replay_rows
-    from disco.policies import KMAXES, STATIC_KS, TAUS
-    from disco.policies.grids import default_grid
     from disco.replay.run import replay_many
 
-    grid = default_grid(STATIC_KS, TAUS, KMAXES, heuristic=(), oracle=False, kinds=())
+    grid = choice_grid()
     tables = []
     for i, p in enumerate(prompts):
         log(f"greedy replay on the train prompts: {p.id} ({i + 1}/{len(prompts)})")
-        tables.append((p, prepare_table(pair, p, grid, max_new_tokens, cache_dir)[0]))
+        try:
+            tables.append((p, prepare_table(pair, p, grid, max_new_tokens, cache_dir, encoder)[0]))
+        except PromptSkipped as exc:
+            log(f"skipped {exc}")
     chosen = {}
     for name, model in costs.items():
         runs = []
@@ -213,14 +229,33 @@ def _choose(pair, prompts, max_new_tokens: int, costs: dict[str, CostModel], cac
     return chosen
 
 
+def _fitting(prompts: list[SuitePrompt], encoder, log) -> list[SuitePrompt]:
+    """The prompts the length rule keeps (the others named once)."""
+    from disco.bench.prompts import PromptSkipped
+
+    kept = []
+    for p in prompts:
+        try:
+            encoder.ids(p)
+            kept.append(p)
+        except PromptSkipped as exc:
+            log(f"skipped {exc}")
+    if not kept:
+        from disco.errors import BenchError
+
+        raise BenchError("no test prompt fits the context or the prompt budget (see --long-prompts)")
+    return kept
+
+
 def cmd_sampling(args) -> int:
     import json
     import sys
 
-    from disco import cache, options
+    from disco import cache, options, suites
+    from disco.bench import cluster, prompts as prompt_fit
     from disco.bench.runs import environment
-    from disco.bench.suite import BenchError, filter_prompts, load_suite, split_prompts
     from disco.costs import measure as cost_measure, model as cost_mod
+    from disco.errors import BenchError
     from disco.models import load_resolved
     from disco.models.turns import COMPUTE_LOCK
 
@@ -241,19 +276,26 @@ def cmd_sampling(args) -> int:
         raise BenchError("the oracle needs greedy decoding; it has no place in a sampling study")
     if strategies is not None and not any(p.drafts for p in strategies):
         raise BenchError("--strategies: give at least one setting that drafts (the target alone is always run)")
-    suite = filter_prompts(load_suite(args.suite), args.prompts)
-    train, test = split_prompts(suite, "train"), split_prompts(suite, "test")
+    picked = suites.pick(suites.selection_from_args(args))
+    train, test = suites.split_prompts(picked.prompts, "train"), suites.split_prompts(picked.prompts, "test")
     if not test or (strategies is None and not train):
         raise BenchError("the selected prompts need both a train and a test split (or give --strategies)")
+    fitting, cache_dir = prompt_fit.fitting_from_args(args), args.cache_dir or cache.tables_dir()
+    ray = cluster.config_from_args(args)
+    if ray is not None and strategies is None:  # the train prompts' tables, for the choice of settings
+        spec = cluster.PairSpec(args.models, args.engine, args.dtype, args.device, args.assistant_precision)
+        cluster.build_tables(ray, spec, train, choice_grid(), args.max_new_tokens, fitting, cache_dir,
+                             not args.no_progress, log)
     pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=log, engine=args.engine)
     start = time.perf_counter()
     with COMPUTE_LOCK:
-        encoded = [encode_prompt(pair, p.prompt, p.chat, args.max_new_tokens) for p in test + train]
-        measured = cost_measure.suite_costs(pair, encoded, 20, reps=2)
+        encoder = prompt_fit.PromptEncoder(pair, args.max_new_tokens, cache_dir, fitting)
+        test = _fitting(test, encoder, log)
+        measured = cost_measure.suite_costs(pair, [encoder.ids(p) for p in test], 20, reps=2)
         costs = {"measured": measured, **{name: cost_mod.resolve(name, step_ms=measured.target_ms(1))
                                           for name in sorted(flats)}}
         by_cost = ({"given": [p.spec for p in strategies]} if strategies else
-                   _choose(pair, train, args.max_new_tokens, costs, args.cache_dir or cache.tables_dir(), log))
+                   _choose(pair, train, args.max_new_tokens, costs, cache_dir, log, encoder))
         chosen = list(dict.fromkeys([s for specs in by_cost.values() for s in specs] +
                                     ([] if strategies else [REFERENCE_SETTING])))
         log(f"sampling {', '.join(chosen)} on {len(test)} test prompts, T = {', '.join(f'{t:g}' for t in temps)}, "
@@ -265,13 +307,15 @@ def cmd_sampling(args) -> int:
             bar = tqdm(total=len(test) * len(temps) * args.seeds * (len(chosen) + 1), desc="sampled runs",
                        file=sys.stderr, dynamic_ncols=True)
         rows = run_study(pair, test, [parse_strategy(s) for s in chosen], args.max_new_tokens, costs, temps,
-                         args.seeds, args.top_p, progress=(lambda done, total: bar.update(1)) if bar else None)
+                         args.seeds, args.top_p, progress=(lambda done, total: bar.update(1)) if bar else None,
+                         encoder=encoder)
         if bar is not None:
             bar.close()
     table = summary(rows, [*costs, "wall"])
     meta = environment(pair)
     meta.update(command="python -m disco sampling " + " ".join(args.argv), chosen=chosen, chosen_by_cost=by_cost,
-                prompts=len(test),
+                prompts=len(test), **{k: v for k, v in picked.describe().items() if k != "prompts"},
+                prompts_skipped=[{"id": i, "reason": r} for i, r in encoder.skipped.items()],
                 max_new_tokens=args.max_new_tokens, top_p=args.top_p, seeds=args.seeds, temperatures=temps,
                 costs={k: v.to_dict() for k, v in costs.items()}, wall_seconds=time.perf_counter() - start)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -11,30 +11,33 @@ import pandas as pd
 from disco import cache
 from disco.bench.analysis import add_decode_speedup, summarize_runs
 from disco.bench.runs import environment, replay_rows
-from disco.bench.suite import BenchError, SuitePrompt
+from disco.bench.prompts import Fitting, PromptEncoder, PromptSkipped
 from disco.costs import model as cost_mod
 from disco.costs.measure import cached_costs, known_costs
 from disco.costs.model import CostModel
-from disco.errors import Interrupted
-from disco.models.pair import encode_prompt
+from disco.errors import BenchError, Interrupted
 from disco.policies import Policy
 from disco.policies.grids import with_baseline
 from disco.replay.run import replay_many
 from disco.replay.tables import build_table
+from disco.suites import SuitePrompt
 
 
 @dataclass
 class SweepUpdate:
-    done: int                 # prompts finished
+    done: int                 # prompts finished (skipped ones included)
     total: int
     runs: pd.DataFrame        # replay rows so far
     summary: pd.DataFrame
     message: str
+    skipped: dict[str, str] = field(default_factory=dict)  # prompts the length rule dropped, and why
+    cut: dict[str, int] = field(default_factory=dict)       # prompts the rule cut, and by how many tokens
 
 
 def sweep(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_tokens: int, cache_dir: Path | None = None,
           on_progress: Callable[[float, str], None] | None = None,
-          should_stop: Callable[[], bool] | None = None, cost_profile: str | None = None) -> Iterator[SweepUpdate]:
+          should_stop: Callable[[], bool] | None = None, cost_profile: str | None = None,
+          fitting: Fitting | None = None) -> Iterator[SweepUpdate]:
     """Replay ``policies`` (a grid, ``disco.policies.grids``) on ``prompts``, one prompt at a time, yielding the
     growing results after each. Tables live in ``cache_dir`` (default: the one cache), so what the background
     profile or an earlier sweep computed is replayed without the models.
@@ -45,21 +48,22 @@ def sweep(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_toke
     ``on_progress(fraction, message)`` reports the work inside a prompt (for progress bars). ``should_stop`` is
     polled with every progress report (at most about every quarter second or decoded token): when it turns
     true the prompt in progress is dropped (its cached table is not saved) and the sweep ends; every update
-    yielded before holds only completed prompts.
+    yielded before holds only completed prompts. ``fitting``: the length rule (``disco.bench.prompts``); a prompt it
+    skips counts as done and is named in ``SweepUpdate.skipped``.
     """
     if not prompts:
         raise BenchError("pick at least one prompt")
     cache_dir = cache.tables_dir() if cache_dir is None else cache_dir
     policies = with_baseline(policies)
-    encoded = [encode_prompt(pair, p.prompt, p.chat, max_new_tokens) for p in prompts]
+    encoder = PromptEncoder(pair, max_new_tokens, cache_dir, fitting)
     kmax = max([p.values.get("k", 1) for p in policies] + [1])
     meta = environment(pair)
     meta["max_new_tokens"] = max_new_tokens
     report = on_progress or (lambda fraction, message: None)
-    costs = sweep_costs(pair, encoded, kmax, cost_profile, meta, report)
+    costs = sweep_costs(pair, _single_turn_ids(prompts, encoder), kmax, cost_profile, meta, report)
     runs: list[dict] = []
     n = len(prompts)
-    for i, (p, ids) in enumerate(zip(prompts, encoded)):
+    for i, p in enumerate(prompts):
         def at(fraction, what, i=i, p=p):
             if should_stop is not None and should_stop():
                 raise Interrupted(p.id)
@@ -68,7 +72,12 @@ def sweep(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_toke
         table = None
         try:
             at(0.0, "target's greedy output")
-            table = build_table(pair, ids, max_new_tokens, cache_dir, name=p.id,
+            try:
+                ids = encoder.ids(p)
+            except PromptSkipped:
+                yield _update(i + 1, n, runs, encoder)
+                continue
+            table = build_table(pair, ids, max_new_tokens, cache_dir, name=p.id, about=encoder.about(p),
                                 progress=lambda done, total: at(0.5 * done / total, f"target's greedy output {done}/{total}"))
             replay_many(table, policies, max_new_tokens, costs, progress=lambda f: at(0.5 + 0.5 * f, "assistant's chains"))
         except Interrupted:
@@ -80,8 +89,29 @@ def sweep(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_toke
         results = replay_many(table, policies, max_new_tokens, costs)
         table.release()
         runs += replay_rows(p, table, results, meta)
-        frame = add_decode_speedup(pd.DataFrame(runs))
-        yield SweepUpdate(i + 1, n, frame, summarize_runs(frame), f"{i + 1}/{n} prompts replayed")
+        yield _update(i + 1, n, runs, encoder)
+
+
+def _update(done: int, total: int, runs: list[dict], encoder: PromptEncoder) -> SweepUpdate:
+    frame = add_decode_speedup(pd.DataFrame(runs))
+    return SweepUpdate(done, total, frame, summarize_runs(frame), f"{done}/{total} prompts replayed",
+                       dict(encoder.skipped), encoder.cut)
+
+
+def _single_turn_ids(prompts: list[SuitePrompt], encoder: PromptEncoder) -> list[list[int]]:
+    """Token ids to calibrate costs on (if none are cached yet): the single-turn prompts that fit, which needs no model;
+    else the first multi-turn prompt that fits (its earlier turns are decoded, as the sweep would anyway)."""
+    out = []
+    for p in sorted(prompts, key=lambda p: bool(p.history)):
+        if p.history and out:
+            break
+        try:
+            out.append(encoder.ids(p))
+        except PromptSkipped:
+            continue
+    if not out:
+        raise BenchError(f"no selected prompt fits: {next(iter(encoder.skipped.values()), 'none could be encoded')}")
+    return out
 
 
 def sweep_costs(pair, encoded: list[list[int]], kmax: int, cost_profile: str | None,
@@ -101,12 +131,15 @@ def sweep_costs(pair, encoded: list[list[int]], kmax: int, cost_profile: str | N
 
 
 def replay_iterations(pair, prompt: SuitePrompt, policy: Policy, max_new_tokens: int, cache_dir: Path | None = None,
-                      cost_profile: str | None = None) -> pd.DataFrame:
+                      cost_profile: str | None = None, fitting: Fitting | None = None) -> pd.DataFrame:
     """The per-iteration trace replay predicts for one setting on one prompt (for the Sweep tab's detail view)."""
-    ids = encode_prompt(pair, prompt.prompt, prompt.chat, max_new_tokens)
-    table = build_table(pair, ids, max_new_tokens, cache.tables_dir() if cache_dir is None else cache_dir, name=prompt.id)
+    cache_dir = cache.tables_dir() if cache_dir is None else cache_dir
+    encoder = PromptEncoder(pair, max_new_tokens, cache_dir, fitting)
+    ids = encoder.ids(prompt)
+    table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id, about=encoder.about(prompt))
     costs = sweep_costs(pair, [ids], 20, cost_profile, environment(pair))
     results = replay_many(table, [policy], max_new_tokens, costs)
     if table.dirty:
         table.save()
+    table.release()
     return results[policy.spec].frame()

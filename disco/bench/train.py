@@ -22,7 +22,7 @@ import numpy as np
 from disco.policies import AUTOREGRESSIVE, Autoregressive, DraftStep
 from disco.policies.classifier import FEATURES, ClassifierWeights, Disco, step_features
 from disco.replay.run import replay_many
-from disco.replay.tables import ReplayError
+from disco.replay.tables import ChainEnded
 
 # 0.05 steps, and finer below 0.05: with a cheap draft (flat:0.05) the best threshold sits near the draft's cost
 THRESHOLDS = (0.01, 0.02, 0.03, *(round(0.05 * i, 2) for i in range(1, 20)))
@@ -39,7 +39,7 @@ def samples(table, max_new_tokens: int, kmax: int) -> tuple[list[list[float]], l
         for j in range(budget):
             try:
                 token, prob, entropy, margin, top10 = table.features(p, j)
-            except ReplayError:  # the chain ended (EOS) before token j
+            except ChainEnded:  # the chain ended (EOS) before token j
                 break
             step = (DraftStep.first(p, token, prob, entropy, margin, top10) if step is None
                     else step.then(token, prob, entropy, margin, top10))
@@ -48,7 +48,7 @@ def samples(table, max_new_tokens: int, kmax: int) -> tuple[list[list[float]], l
             ok = ok and token == ref[p + j]
             try:
                 nxt = table.features(p, j + 1)[0]
-            except ReplayError:
+            except ChainEnded:
                 break
             xs.append(step_features(step))
             ys.append(int(ok and nxt == ref[p + j + 1]))

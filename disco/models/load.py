@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from disco import hub
 from disco.errors import first_line
 from disco.models.pair import ModelLoadError, ModelPair
 from disco.models.tiny import build_tiny_models, build_tiny_tokenizer
@@ -98,22 +99,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 # folders, hub ids and the embedded pair
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """A quick TCP probe of the Hub, so an offline machine fails in seconds, not after a minute of retries."""
-    import socket
-    from urllib.parse import urlparse
-
-    if os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0"):
-        return False
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def _load_hf(model_id: str, dtype: torch.dtype, device: torch.device):
     """Load a model + tokenizer from a local folder, the local Hub cache, or the Hub itself."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -126,7 +111,7 @@ def _load_hf(model_id: str, dtype: torch.dtype, device: torch.device):
     else:
         # already downloaded? then no network is needed at all
         sources = [(model_id, {"local_files_only": True})]
-        if _hub_reachable():
+        if hub.reachable():
             sources.append((model_id, {}))
     error: BaseException | None = None
     for source, kwargs in sources:

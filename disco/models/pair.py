@@ -117,15 +117,22 @@ class Tokenized:
     def encode(self, prompt: str, chat: bool) -> list[int]:
         """Token ids of a prompt, through the target's chat template when ``chat``."""
         if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise ModelLoadError(f"{self.target_id} has no chat template; run without --chat")
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return list(ids)
+            return self.encode_chat([{"role": "user", "content": prompt}])
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of a chat (``[{"role": "user" | "assistant", "content": ...}, ...]``, ending with the user's turn)
+        through the target's chat template, ready for the assistant's reply."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ModelLoadError(f"{self.target_id} has no chat template; run without --chat")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def text_tokens(self, text: str) -> list[int]:
+        """``text``'s own tokens, no special tokens (to cut a long prompt where it says nothing of the template)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

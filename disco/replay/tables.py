@@ -49,6 +49,14 @@ class ReplayError(UserError, RuntimeError):
     """A table that cannot answer (incomplete and no models attached), or a policy replay cannot run."""
 
 
+class ChainEnded(ReplayError):
+    """The assistant's chain reached EOS before the token asked for: there is no such draft token."""
+
+
+class ChainMissing(ReplayError):
+    """The table does not hold the chain token asked for and has no models attached to compute it."""
+
+
 @dataclass
 class Chain:
     """The assistant's greedy chain from one position: tokens, their probabilities, the entropies, top-2 margins and
@@ -135,6 +143,7 @@ class ReplayTable:
         self.dirty = False
         self.on_extend: Callable[[], None] | None = None
         self._last_save = time.monotonic()
+        self.stats: dict[str, float] = {}  # this process's build work (seconds, passes): reported, never saved
 
     # -- persistence -------------------------------------------------------------------------------
 
@@ -221,9 +230,9 @@ class ReplayTable:
         chain = self._chain(p)
         while len(chain.tokens) <= j:
             if chain.ended:
-                raise ReplayError(f"chain at position {p} ended with EOS after {len(chain.tokens)} tokens")
+                raise ChainEnded(f"chain at position {p} ended with EOS after {len(chain.tokens)} tokens")
             if self.builder is None:
-                raise ReplayError(f"the replay table has no chain token {j} at position {p}; attach the models to extend it")
+                raise ChainMissing(f"the replay table has no chain token {j} at position {p}; attach the models to extend it")
             if p > len(self.reference):
                 raise ReplayError(f"position {p} is past the reference ({len(self.reference)} tokens)")
             token, prob, entropy, margin, top10 = self.builder.next_after(self.prompt_ids + self.reference[:p] + chain.tokens)
@@ -278,13 +287,20 @@ def cached_table_paths(cache_dir: str | Path, name: str) -> list[Path]:
     return [p for p in sorted(Path(cache_dir).glob(f"{_safe(name)}-*.json")) if pattern.fullmatch(p.name)]
 
 
+MACHINE_KEYS = ("threads",)  # how this process ran the pair, not what it computes: kept out of a table's meta
+
+
 def build_table(pair, prompt_ids: list[int], max_new_tokens: int, cache_dir: str | Path | None = None,
-                name: str = "prompt", progress: Callable[[int, int], None] | None = None) -> ReplayTable:
+                name: str = "prompt", progress: Callable[[int, int], None] | None = None,
+                about: dict | None = None) -> ReplayTable:
     """Load the prompt's table from ``cache_dir`` (the app and the commands pass the one cache,
     ``disco.cache.tables_dir()``; None: no file) or compute its reference (the target's greedy output).
 
     Chains are filled lazily by replays (the table is returned with the models attached).
-    ``progress(tokens_done, max_new_tokens)`` is called while the reference is decoded.
+    ``progress(tokens_done, max_new_tokens)`` is called while the reference is decoded. ``about`` (what the prompt
+    is: its suite record's fingerprint, how it was fitted to the context) is kept in the table's meta under
+    ``prompt``. A table holds only what the models compute, never how long it took or how many threads ran it, so
+    the same table built anywhere is the same bytes (``stats`` has this process's build times, not saved).
     """
     if not prompt_ids:
         raise InputError("the prompt encodes to zero tokens")
@@ -300,12 +316,16 @@ def build_table(pair, prompt_ids: list[int], max_new_tokens: int, cache_dir: str
     if table is None or not table.covers(max_new_tokens):
         start = time.perf_counter()
         reference = greedy_continuation(pair, list(prompt_ids), max_new_tokens, progress=progress)
-        meta = dict(pair.describe())
-        meta.update(reference_seconds=time.perf_counter() - start, prompt_tokens=len(prompt_ids))
+        meta = {k: v for k, v in pair.describe().items() if k not in MACHINE_KEYS}
+        meta.update(prompt_tokens=len(prompt_ids), **({"prompt": about} if about else {}))
         old = table
         table = ReplayTable(prompt_ids, reference, max_new_tokens, pair.eos_ids, meta=meta, path=path)
+        table.stats["reference_seconds"] = time.perf_counter() - start
         if old is not None and old.reference == reference[: len(old.reference)]:
             table.chains = {p: c for p, c in old.chains.items() if p < len(old.reference)}
         if path is not None:
             table.save()
+    elif about and table.meta.get("prompt") != about:  # a table from before suites described their prompts
+        table.meta["prompt"] = about
+        table.dirty = True
     return table.attach(pair)

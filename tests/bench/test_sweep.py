@@ -5,9 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from disco.bench import suite, sweep as sweep_service
+from disco import suites
+from disco.bench import sweep as sweep_service
 from disco.app import sweep_tab
-from disco.bench.suite import BenchError
+from disco.errors import BenchError
 from disco.decode.settings import DecodeSettings
 from disco.decode.race import run_all
 from disco.policies import parse_strategy
@@ -19,7 +20,7 @@ MAX_NEW = 12
 
 @pytest.fixture(scope="module")
 def prompts():
-    return suite.pick_prompts(suite.load_suite(), 2)
+    return suites.pick_prompts(list(suites.pick(suites.Selection()).prompts), 2)
 
 
 def test_sweep_grows_one_prompt_at_a_time_and_matches_real_decoding(tiny_pair, prompts, tmp_path):

@@ -134,14 +134,15 @@ def test_bench_timed_rows_and_report_carry_the_divergence(tiny_pair):
     """The benchmark's timed runs explain a divergence like the CLI and the app do (runs.csv, summary, report)."""
     import pandas as pd
 
-    from disco.bench import analysis, peer, runs, suite
+    from disco import suites
+    from disco.bench import analysis, peer, runs
 
-    prompt = suite.SuitePrompt(id="forced", kind="code", prompt=PROMPT, chat=False)
+    prompt = suites.SuitePrompt(id="forced", kind="code", prompt=PROMPT, chat=False)
     prompt_len = len(tiny_pair.encode(PROMPT, False))
     meta = runs.environment(tiny_pair)
     meta["max_new_tokens"] = 24
     with forced_choice(tiny_pair, 6, prompt_len, "ulp", "ulp"):
-        rows, _ = peer.timed_prompt(tiny_pair, prompt, [parse_strategy("autoregressive"), parse_strategy("static:4")], 24, meta,
+        rows, _ = peer.timed_prompt(tiny_pair, prompt, tiny_pair.encode(PROMPT, False), [parse_strategy("autoregressive"), parse_strategy("static:4")], 24, meta,
                                           peer=False)
     by = {r["strategy"]: r for r in rows}
     assert by["static:4"]["identical_to_autoregressive"] is False

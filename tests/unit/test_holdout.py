@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from disco.bench.holdout import best_new, holdout_frame, holdout_md
-from disco.bench.suite import load_suite, split_of, split_prompts
+from disco.suites import Selection, pick, split_of, split_prompts
 
 
 def _runs(speedups: dict) -> pd.DataFrame:
@@ -46,7 +46,7 @@ def test_no_table_without_both_splits():
 
 
 def test_the_suite_splits_by_prompt_alternately_within_each_kind():
-    suite = load_suite()
+    suite = pick(Selection()).prompts
     which = split_of(suite)
     assert {p.split for p in suite} == {"train", "test"} and all(which[p.id] == p.split for p in suite)
     for kind in {p.kind for p in suite}:

@@ -13,7 +13,7 @@ from disco.policies.classifier import FEATURES, ClassifierWeights, Disco
 from disco.policies import AUTOREGRESSIVE, Autoregressive
 from disco.replay.run import replay_many
 from disco.replay.tables import ReplayTable, cached_table_paths
-from disco.bench.suite import load_suite, split_of
+from disco.suites import Selection, pick, split_of
 from disco.bench.train import samples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def test_train_writes_weights_that_load_with_their_test_split_metrics(trained):
     weights = ClassifierWeights.load(out)
     assert len(weights.coef) == len(FEATURES) and 0 <= weights.threshold <= 1
     meta = weights.meta
-    which = split_of(load_suite())
+    which = split_of(pick(Selection()).prompts)
     assert meta["train_prompts"] and meta["test_prompts"]
     assert all(which[p] == "train" for p in meta["train_prompts"]) and all(which[p] == "test" for p in meta["test_prompts"])
     assert meta["test"]["samples"] > 0 and 0 <= meta["test"]["roc_auc"] <= 1

@@ -1,0 +1,179 @@
+"""Replay tables built on a Ray cluster (``disco.bench.cluster``), on a real two-node Ray cluster in this process
+(``ray.cluster_utils.Cluster``: two raylets of one CPU each) with the tiny pair: the same bytes as a sequential
+build, resumable, a worker that dies mid-question replaced and the question built elsewhere, one line when the
+cluster cannot be reached or no worker can load the pair; and the commands' ``--ray``. Ray is installed by the test
+command (requirements-ray.txt), so these run in CI."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from disco import cli, suites
+from disco.bench import cluster as ray_tables
+from disco.bench.build import build_here
+from disco.bench.prompts import Fitting, PromptEncoder
+from disco.errors import BenchError
+from disco.policies import parse_strategy
+from disco.policies.grids import with_baseline
+
+MAX_NEW = 8
+GRID = with_baseline([parse_strategy(s) for s in ("static:2", "threshold:0.4:4", "oracle:4", "copy:4:2")])
+QUESTIONS = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a short poem.", "Now make it rhyme."]},
+    {"question_id": 82, "category": "writing", "turns": ["Describe a cat."]},
+    {"question_id": 101, "category": "translation", "turns": ["Translate to German: good morning."]},
+]
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A Ray cluster of two nodes with one CPU each; the tests connect to it as a user connects to theirs."""
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 100 * 1024 ** 2,
+                                                           "include_dashboard": False})
+    cluster.add_node(num_cpus=1, object_store_memory=100 * 1024 ** 2)
+    yield cluster.address
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("suite") / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return suites.pick(suites.Selection(str(path), suites.SuiteOptions(turns="all"))).prompts
+
+
+def sequential(tiny_pair, prompts, folder: Path) -> dict[str, bytes]:
+    encoder = PromptEncoder(tiny_pair, MAX_NEW, folder)
+    build_here(tiny_pair, prompts, GRID, MAX_NEW, folder, encoder, progress=False)
+    return files(folder)
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.json"))}
+
+
+def build(address, prompts, folder, log=None, **config):
+    cfg = ray_tables.ClusterConfig(address, threads=1, **config)
+    return ray_tables.build_tables(cfg, ray_tables.PairSpec("tiny"), prompts, GRID, MAX_NEW, Fitting(), folder,
+                                   progress=False, log_line=(log.append if log is not None else lambda line: None))
+
+
+def test_tables_from_two_nodes_are_the_bytes_of_a_sequential_build_and_resume(two_nodes, prompts, tiny_pair, tmp_path):
+    expected = sequential(tiny_pair, prompts, tmp_path / "sequential")
+    assert len(expected) == len(prompts)  # one table per turn; the multi-turn question's first turn included
+    run = build(two_nodes, prompts, tmp_path / "cluster")
+    assert files(tmp_path / "cluster") == expected
+    assert run.workers == 2 and run.cached == 0 and len(run.rows) == len(prompts)
+    assert len({r["built_by"] for r in run.rows}) == 2  # both workers, one on each node, built questions
+    summary = run.summary()
+    assert summary["prompts_built"] == len(prompts) and summary["overhead_seconds_per_question_median"] >= 0
+    # resumable: nothing is sent again ...
+    log = []
+    again = build(two_nodes, prompts, tmp_path / "cluster", log)
+    assert again.cached == len(prompts) and not again.rows and "nothing to send" in log[0]
+    # ... but a lost table is, with its question (the later turn needs its first turn's answer)
+    lost = next(n for n in expected if n.startswith("81-t2-"))
+    (tmp_path / "cluster" / lost).unlink()
+    third = build(two_nodes, prompts, tmp_path / "cluster")
+    assert {r["prompt_id"] for r in third.rows} == {"81-t1", "81-t2"} and third.cached == len(prompts) - 2
+    assert files(tmp_path / "cluster") == expected
+
+
+def test_a_table_missing_chains_is_extended_as_a_sequential_build_extends_it(two_nodes, prompts, tiny_pair, tmp_path):
+    full = sequential(tiny_pair, prompts, tmp_path / "full")
+    name = next(n for n in full if n.startswith("82-t1-"))
+    partial = json.loads(full[name])
+    partial["chains"] = dict(list(partial["chains"].items())[:2])
+    for folder in ("cluster", "here"):
+        (tmp_path / folder).mkdir()
+        for other, data in full.items():
+            (tmp_path / folder / other).write_bytes(json.dumps(partial).encode() if other == name else data)
+    run = build(two_nodes, prompts, tmp_path / "cluster")
+    assert [r["prompt_id"] for r in run.rows] == ["82-t1"]
+    assert files(tmp_path / "cluster") == sequential(tiny_pair, prompts, tmp_path / "here")
+
+
+def test_a_worker_that_dies_mid_question_is_replaced_and_the_question_built_elsewhere(two_nodes, prompts, tiny_pair,
+                                                                                      tmp_path):
+    marker = tmp_path / "died-once"
+
+    def crash_once():  # runs in every worker process (Ray's worker_process_setup_hook); pickled by value
+        import os as _os
+
+        from disco.bench import runs
+
+        real = runs.prepare_table
+
+        def prepare_table(pair, prompt, *args, **kwargs):
+            if prompt.id == "101" or prompt.id == "101-t1":
+                try:
+                    fd = _os.open(str(marker), _os.O_CREAT | _os.O_EXCL)
+                except FileExistsError:
+                    return real(pair, prompt, *args, **kwargs)
+                _os.close(fd)
+                _os._exit(1)  # the worker process dies in the middle of the question
+            return real(pair, prompt, *args, **kwargs)
+
+        runs.prepare_table = prepare_table
+
+    log = []
+    run = build(two_nodes, prompts, tmp_path / "cluster", log, runtime_env={"worker_process_setup_hook": crash_once})
+    assert marker.exists(), "the fault was never injected"
+    assert any("died while building 101" in line for line in log), log
+    assert files(tmp_path / "cluster") == sequential(tiny_pair, prompts, tmp_path / "sequential")
+    assert {r["prompt_id"] for r in run.rows} == {p.id for p in prompts}
+
+
+def test_no_worker_can_load_the_pair_is_one_line(two_nodes, prompts, tmp_path):
+    cfg = ray_tables.ClusterConfig(two_nodes, threads=1)
+    spec = ray_tables.PairSpec(f"{tmp_path}/no-target::{tmp_path}/no-assistant")
+    log = []
+    with pytest.raises(BenchError) as err:
+        ray_tables.build_tables(cfg, spec, prompts, GRID, MAX_NEW, Fitting(), tmp_path, progress=False,
+                                log_line=log.append)
+    assert "no Ray worker could load" in str(err.value) and "not found" in str(err.value)
+    assert "\n" not in str(err.value) and not list(tmp_path.glob("*.json"))
+
+
+def test_an_unreachable_cluster_or_a_missing_ray_is_one_line(prompts, tmp_path, monkeypatch):
+    with pytest.raises(BenchError, match="cannot reach the Ray cluster at '127.0.0.1:1'"):
+        build("127.0.0.1:1", prompts, tmp_path)
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)
+    with pytest.raises(BenchError, match="requirements-ray.txt"):
+        ray_tables.ray_module()
+
+
+def test_bench_train_and_sampling_take_ray(two_nodes, tmp_path, capsys):
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    out = tmp_path / "out"
+    common = ["--models", "tiny", "--suite", str(path), "--ray", two_nodes, "--ray-threads", "1", "--no-progress"]
+    assert cli.main(["bench", *common, "--mode", "replay", "--cost-profile", "flat:0.05", "--max-new-tokens", "8",
+                     "--static-ks", "1,2", "--taus", "0.4", "--kmaxes", "4", "--out", str(out)]) == 0
+    table = pd.read_csv(out / "prompts.csv", dtype={"prompt_id": str})
+    assert set(table["prompt_id"]) == {"81", "82", "101"} and table["built_by"].str.startswith("ray:").all()
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["ray"]["prompts_built"] == 3 and meta["models_loaded"] is False  # flat costs: no model here
+    text = (out / "summary.md").read_text()
+    assert "## The seed's question per kind of prompt" in text and "| writing | 2 |" in text
+    assert "## Each kind held out" in text and "Ray (" in text
+    weights = tmp_path / "w.json"
+    assert cli.main(["train", *common, "--max-new-tokens", "8", "--kmax", "4", "--cost-profile", "flat:0.05",
+                     "--out", str(weights)]) == 0
+    assert json.loads(weights.read_text())["model"] == "logistic_regression"
+    assert "3 prompts to build" in capsys.readouterr().err  # training reads deeper chains: the cluster built them
+    assert cli.main(["sampling", *common, "--max-new-tokens", "6", "--temperatures", "1", "--seeds", "1",
+                     "--out", str(tmp_path / "sampling")]) == 0
+    assert (tmp_path / "sampling" / "sampling.md").is_file()
+    assert os.environ.get("DISCO_LLAMA_THREADS") is None  # the workers' thread count never leaks into the driver
