@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -89,8 +90,6 @@ class TableWorker:
 
     def identity(self) -> dict:
         """What the tables this worker builds are keyed by (``disco.replay.tables`` meta), and where it runs."""
-        import socket
-
         from disco.replay.tables import MACHINE_KEYS
 
         info = {k: v for k, v in self.pair.describe().items() if k not in MACHINE_KEYS}
@@ -121,7 +120,8 @@ class TableWorker:
                 prompts[prompt.id] = {"file": table.path.name, "cut": encoder.cut.get(prompt.id, 0),
                                       "prompt_tokens": len(table.prompt_ids), **table.stats}
             files = {p.name: p.read_text() for p in folder.glob("*.json") if before.get(p.name) != p.read_text()}
-        return {"files": files, "prompts": prompts, "seconds": time.perf_counter() - start, "pid": os.getpid()}
+        return {"files": files, "prompts": prompts, "seconds": time.perf_counter() - start,
+                "where": f"{socket.gethostname()}:{os.getpid()}"}
 
 
 def _runtime_env(cfg: ClusterConfig) -> dict:
@@ -359,7 +359,7 @@ def _store(cache_dir: Path, unit: list, result: dict, round_trip: float, run: Cl
     and record its prompts."""
     for name, text in result["files"].items():
         cache.write_text(Path(cache_dir) / Path(name).name, text)
-    where = f"ray:{result['pid']}"
+    where = f"ray:{result['where']}"
     for p in unit:
         info = result["prompts"].get(p.id, {})
         run.rows.append({"prompt_id": p.id, "unit": p.unit, "kind": p.kind, "split": p.split, "built_by": where,

@@ -116,3 +116,58 @@ def test_profile_choice_prefers_an_uploaded_csv_and_refuses_typed_paths(tmp_path
     assert sweep_tab.profile_choice(None, None) == "measured"
     with pytest.raises(BenchError, match="upload a CSV"):
         sweep_tab.profile_choice(str(path), None)
+
+
+def _questions(path):
+    rows = [{"question_id": i, "category": kind, "turns": [f"{kind} question {i}"]}
+            for i, kind in enumerate(["writing", "writing", "qa", "qa", "qa"])]
+    path.write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_sweep_picks_ticked_prompts_or_a_stratified_sample(tmp_path):
+    from disco.app import sweep_suites
+
+    suite = sweep_suites.load(sweep_suites.UPLOAD, str(_questions(tmp_path / "q.jsonl")))
+    assert [p.id for p in sweep_suites.picked(suite, ["2", "0"], 0, 0)] == ["2", "0"]
+    sample = sweep_suites.picked(suite, [], 2, 5)
+    assert sorted(p.kind for p in sample) == ["qa", "writing"] and all(p.split for p in sample)
+    assert sweep_suites.default_ticks(suite) == ["0", "2"]
+    for args, needle in ((([], 0, 0)), "pick at least one"), ((["9"], 0, 0), "unknown prompt '9'"),
+                         ((["0"], -1, 0), "sample size"), ((["0"], 2, -3), "sample seed"),
+                         ((["0"], "x", 0), "must be a number")):
+        with pytest.raises(BenchError, match=needle):
+            sweep_suites.picked(suite, *args)
+    humaneval = sweep_suites.load(sweep_suites.HUMANEVAL, None)
+    assert len(humaneval.prompts) == 164 and len(sweep_suites.choices(humaneval)) == 164
+    with pytest.raises(BenchError, match="upload a suite file first"):
+        sweep_suites.load(sweep_suites.UPLOAD, None)
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b" " * (sweep_suites.UPLOAD_MAX_BYTES + 1))
+    with pytest.raises(BenchError, match="MB; at most"):
+        sweep_suites.load(sweep_suites.UPLOAD, str(big))
+
+
+def test_the_sweep_endpoint_replays_an_uploaded_benchmark_and_answers_per_kind(tmp_path, monkeypatch, serve_app):
+    from gradio_client import Client, handle_file
+
+    import app
+    from disco.app import sweep_suites
+
+    monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
+    path = _questions(tmp_path / "question.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    with serve_app(app.build_demo("tiny")) as url:
+        client = Client(url, verbose=False)
+        result = client.predict([], "1,2", "0.4", "4", False, False, 8, "flat:0.05", None, [], sweep_suites.UPLOAD,
+                                handle_file(str(path)), 2, 0, api_name="/sweep")
+        refused = client.predict([], "1", "0.4", "4", False, False, 8, "flat:0.05", None, [], sweep_suites.UPLOAD,
+                                 handle_file(str(bad)), 0, 0, api_name="/sweep")[0]
+    status, csv_file, kinds = result[0], result[5], result[7]
+    assert "2/2 prompts replayed" in status
+    runs = pd.read_csv(csv_file, dtype={"prompt_id": str})
+    assert sorted(runs.drop_duplicates("prompt_id")["kind"]) == ["qa", "writing"]
+    table = pd.DataFrame(kinds["data"], columns=kinds["headers"])
+    assert list(table["kind"]) == ["all", "writing", "qa"] or list(table["kind"]) == ["all", "qa", "writing"]
+    assert refused.startswith("⚠") and "line 1 is not JSON" in refused and "\n" not in refused
