@@ -7,15 +7,18 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import gradio as gr
 
 from disco import limits
+from disco.errors import UserError, first_line
 from disco.app import about, plots, race_tab as ui, zerogpu
 from disco.app.lanes import LANES_CSS, summary_frame
 from disco.app.loader import ModelLoader
 from disco.app.session import STOP_LABEL, StopSignals
 from disco.app.sweep_tab import build_sweep_tab
+from disco.app.visitors import QueueRules, VisitorGate
 
 THEME = gr.themes.Soft(primary_hue="orange", neutral_hue="slate")
 PAGE_CSS = ".gradio-container { max-width: 1600px !important; } #disco-status p { margin: 0; }"
@@ -38,6 +41,7 @@ def build_demo(models: str | None = None) -> gr.Blocks:
 
     budgets = limits.Budgets.from_env()
     compare = zerogpu.gpu(compare, budgets.run_s)  # a no-op off a ZeroGPU Space
+    gate = VisitorGate(QueueRules.from_env(), lambda: getattr(demo, "_queue", None))  # one run per visitor
 
     # Gradio copies every returned file into its cache: delete copies older than an hour, checked every 10 min
     with gr.Blocks(title="DISCO Lab: dynamic speculation lookahead", delete_cache=(600, 3600)) as demo:
@@ -111,7 +115,7 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                 tokens_csv = gr.File(label="Download CSV: per-token trace", elem_id="tokens-csv")
                 positions_csv = gr.File(label="Download CSV: acceptance by draft position", elem_id="positions-csv")
         with gr.Tab("Sweep"):
-            build_sweep_tab(loader.get)
+            build_sweep_tab(loader.get, gate)
         with gr.Tab("This machine"):
             machine_md = gr.Markdown("○ waiting for the models…", elem_id="machine")
             with gr.Row():
@@ -132,11 +136,18 @@ def build_demo(models: str | None = None) -> gr.Blocks:
         # preprocess=False: compare checks every value itself (disco.limits, the engine), so a caller who sends a
         # string for a slider gets our one-line message, not Gradio's multi-line preprocessing report
         stops.wire(run, stop, compare, inputs, outputs, api_name="compare", concurrency_id="compute",
-                   concurrency_limit=1, show_progress="full", show_progress_on=[run_status], preprocess=False)
-        demo.load(loader.status_stream, outputs=[model_status], concurrency_limit=None, api_visibility="private",
+                   concurrency_limit=1, show_progress="full", show_progress_on=[run_status], preprocess=False,
+                   validator=gate.validator_for(compare))
+        # the status line and the This-machine tab: polled by a timer per page, each tick a cheap unqueued call that
+        # sends something only when it changed, stopped once the models and the profile are ready (no stream holds
+        # a worker or a queue place for every open page)
+        ticker = gr.Timer(2.0)
+        ticker.tick(loader.poll, [model_status, machine_md], [model_status, machine_md, machine_cost, machine_speedup,
+                                                              ticker], queue=False, api_visibility="private",
+                    show_progress="hidden")
+        demo.load(loader.poll, [model_status, machine_md], [model_status, machine_md, machine_cost, machine_speedup,
+                                                            ticker], queue=False, api_visibility="private",
                   show_progress="hidden")
-        demo.load(loader.machine_stream, outputs=[machine_md, machine_cost, machine_speedup], concurrency_limit=None,
-                  api_visibility="private", show_progress="hidden")
     return demo
 
 
@@ -153,14 +164,48 @@ def quiet_queue(demo: gr.Blocks) -> gr.Blocks:
     return demo
 
 
+def upload_limit() -> int:
+    """The largest file a visitor may upload, in bytes (``DISCO_MAX_UPLOAD_MB``, default 8: a suite or a cost CSV);
+    Gradio refuses bigger ones before they reach the app."""
+    return int(limits.env_number("DISCO_MAX_UPLOAD_MB", 8, float, 0.001) * 1024 * 1024)
+
+
 def launch_kwargs() -> dict:
     # show_error: Gradio's own input checks (a slider given "abc") reach the caller as their one-line message
     # instead of a generic "has raised an exception"; our handlers turn everything else into one line themselves
-    return {"theme": THEME, "css": PAGE_CSS, "show_error": True}
+    return {"theme": THEME, "css": PAGE_CSS, "show_error": True, "max_file_size": upload_limit()}
+
+
+def queued(demo: gr.Blocks) -> gr.Blocks:
+    """The app's queue: one run at a time (timings never share the CPU), at most ``DISCO_QUEUE_MAX`` runs waiting
+    (``disco.app.visitors``), polled slowly when idle."""
+    return quiet_queue(demo.queue(default_concurrency_limit=1, max_size=QueueRules.from_env().max_size))
+
+
+def check_operator_settings() -> None:
+    """Every operator variable read at start-up, so a bad one stops the app with one line before anything loads."""
+    from disco.app.loader import offered_engines
+    from disco.models import llama
+
+    limits.Budgets.from_env()
+    QueueRules.from_env()
+    offered_engines()
+    llama.threads()
+    llama.n_ctx()
+    upload_limit()
+
+
+def main() -> int:
+    try:
+        check_operator_settings()
+        demo = build_demo()
+    except UserError as exc:
+        print(f"disco: error: {first_line(exc)}", file=sys.stderr)
+        return 2
+    queued(demo).launch(server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), **launch_kwargs())
+    return 0
 
 
 if __name__ == "__main__":
-    demo = build_demo()
-    quiet_queue(demo.queue(default_concurrency_limit=1)).launch(
-        server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
-        server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")), **launch_kwargs())
+    sys.exit(main())

@@ -14,8 +14,11 @@ and write these folders, so a table the background profile built is the one a Sw
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
+
+log = logging.getLogger("disco.cache")
 
 
 def root() -> Path:
@@ -65,13 +68,15 @@ def write_text(path: Path, text: str) -> Path:
 
 def write_json(path: Path, data: dict, indent: int | None = 1, quiet: bool = True) -> Path | None:
     """Write ``data`` atomically (temp file + rename), so an interrupted write never leaves a broken file. With
-    ``quiet``, None when the cache is not writable (a read-only cache only costs a re-measurement next time);
-    otherwise the OSError is raised."""
+    ``quiet``, a cache that cannot be written logs one warning naming the path and returns None (the work is kept in
+    memory and measured again next start); otherwise the OSError is raised."""
     try:
         return write_text(path, json.dumps(data, indent=indent, separators=None if indent else (",", ":")))
-    except OSError:
+    except OSError as exc:
         if not quiet:
             raise
+        log.warning("could not keep %s in the cache (%s): it will be measured again next time", path,
+                    exc.strerror or exc)
         return None
 
 

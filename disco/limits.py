@@ -30,7 +30,7 @@ SEED_MAX = 2**63 - 1
 PROMPT_MAX_CHARS = 100_000  # far above any model context here; refuses a pasted file before tokenizing it
 
 
-def _env_number(name: str, default: float, cast=float, lo: float = 0.0) -> float:
+def env_number(name: str, default: float, cast=float, lo: float = 0.0) -> float:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
@@ -54,11 +54,11 @@ class Budgets:
     @classmethod
     def from_env(cls) -> "Budgets":
         d = cls()
-        return cls(run_s=_env_number("DISCO_RUN_BUDGET_S", d.run_s),
-                   max_lookahead=int(_env_number("DISCO_MAX_LOOKAHEAD", d.max_lookahead, int, 1)),
-                   max_new_tokens=int(_env_number("DISCO_MAX_NEW_TOKENS", d.max_new_tokens, int, 1)),
-                   sweep_settings=int(_env_number("DISCO_SWEEP_MAX_SETTINGS", d.sweep_settings, int, 1)),
-                   sweep_work=int(_env_number("DISCO_SWEEP_MAX_WORK", d.sweep_work, int, 1)))
+        return cls(run_s=env_number("DISCO_RUN_BUDGET_S", d.run_s),
+                   max_lookahead=int(env_number("DISCO_MAX_LOOKAHEAD", d.max_lookahead, int, 1)),
+                   max_new_tokens=int(env_number("DISCO_MAX_NEW_TOKENS", d.max_new_tokens, int, 1)),
+                   sweep_settings=int(env_number("DISCO_SWEEP_MAX_SETTINGS", d.sweep_settings, int, 1)),
+                   sweep_work=int(env_number("DISCO_SWEEP_MAX_WORK", d.sweep_work, int, 1)))
 
     def words(self) -> str:
         run = f"{self.run_s:g} s per run" if self.run_s > 0 else "no time limit"

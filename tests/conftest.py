@@ -42,9 +42,8 @@ def _serve(demo, **launch_kwargs):
         port = s.getsockname()[1]
     import app
 
-    app.quiet_queue(demo.queue(default_concurrency_limit=1)).launch(server_name="127.0.0.1", server_port=port,
-                                                                    prevent_thread_lock=True, quiet=True,
-                                                                    **launch_kwargs)
+    app.queued(demo).launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                            **launch_kwargs)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

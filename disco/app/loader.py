@@ -9,14 +9,13 @@ import math
 import os
 import threading
 import time
-from typing import Iterator
 
-from disco.app import machine_tab, plots
+from disco.app import machine_tab, plots, zerogpu
 from disco.app.session import COMPUTE_LOCK
 from disco.bench import machine_profile
 from disco.costs import profile
-from disco.errors import Interrupted
-from disco.models import ModelLoadError, background, load_pair, resolve_assistant
+from disco.errors import InputError, Interrupted
+from disco.models import ModelLoadError, background, load_pair, memory, resolve_assistant
 from disco.models.load import resolve_engine
 
 log = logging.getLogger("disco.app")
@@ -32,8 +31,11 @@ class ModelLoader:
                  profile: bool | None = None, engine: str | None = None):
         self.spec, self.dtype, self.device = spec, dtype, device
         self.engine_choice = engine or os.environ.get("DISCO_ENGINE") or "auto"
+        self.offered = offered_engines()  # the operator's DISCO_ENGINES (None: the default rule, ``engines``)
         try:  # cheap (an import check): the menu needs it before the models are loaded
             self.engine: str | None = resolve_engine(self.engine_choice, spec, device, dtype)
+            if self.offered and self.engine not in self.offered:
+                self.engine = resolve_engine(self.offered[0], spec, device, dtype)
         except ModelLoadError:
             self.engine = None  # loading reports why
         self._others: dict[str, object] = {}  # pairs of the other engine, loaded on a run's first use
@@ -63,7 +65,7 @@ class ModelLoader:
             self.engine = self.engine or resolve_engine(self.engine_choice, self.spec, self.device, self.dtype)
             pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True, engine=self.engine)
             self.pair = resolve_assistant(pair, self.assistant, log=print)
-            self.pair.warmup()
+            zerogpu.gpu(self.pair.warmup, zerogpu.WARMUP_S)()
             print(f"DISCO Lab: models ready in {time.perf_counter() - self.started:.1f} s: {self.pair.describe()}",
                   flush=True)
         except Exception as exc:  # shown in the page; every run then reports it (Interrupted: the process is exiting)
@@ -86,8 +88,9 @@ class ModelLoader:
                         self.profile_step = message
                     # a quick first look (about a minute on llama.cpp), shown while the full profile is measured
                     turns = COMPUTE_LOCK.background  # users' runs go first
-                    self.profile = machine_profile.measure(self.pair, self.spec, log=step, lock=turns, quick=True)
-                    self.profile = machine_profile.measure(self.pair, self.spec, log=step, lock=turns)
+                    measure = zerogpu.gpu(machine_profile.measure, zerogpu.profile_seconds())
+                    self.profile = measure(self.pair, self.spec, log=step, lock=turns, quick=True)
+                    self.profile = measure(self.pair, self.spec, log=step, lock=turns)
                     profile.save(self.profile)
                 rec = self.profile.recommended
                 print(f"DISCO Lab: machine profile ready: auto = {rec.get('auto')} "
@@ -127,16 +130,22 @@ class ModelLoader:
                                  f"{', '.join(self.engines())})")
         with self._others_lock:
             if engine not in self._others:
-                pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True, engine=engine)
-                self._others[engine] = resolve_assistant(pair, self.assistant, log=print)
-                self._others[engine].warmup()
+                check_room(self.spec, engine)  # never a conversion in a request, never past the memory there is
+                with COMPUTE_LOCK:  # reading GBs of weights: never beside a timed race or the background profile
+                    pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True, engine=engine)
+                    self._others[engine] = resolve_assistant(pair, self.assistant, log=print)
+                    zerogpu.gpu(self._others[engine].warmup, zerogpu.WARMUP_S)()
             return self._others[engine]
 
     def engines(self) -> list[str]:
-        """The engines that can run this pair here (the start-up one first)."""
+        """The engines this deployment offers for the pair (the start-up one first): those that can run it here,
+        limited by ``DISCO_ENGINES``; on a Hugging Face Space without it, the start-up engine only (a second pair
+        would double the memory a CPU Space has)."""
         found = [self.engine] if self.engine else []
+        if self.offered is None and os.environ.get("SPACE_ID"):
+            return found
         for name in ("llamacpp", "torch"):
-            if name in found:
+            if name in found or (self.offered is not None and name not in self.offered):
                 continue
             try:
                 resolve_engine(name, self.spec, self.device, self.dtype)
@@ -144,6 +153,35 @@ class ModelLoader:
                 continue
             found.append(name)
         return found
+
+
+ENGINES_ENV = "DISCO_ENGINES"
+
+
+def offered_engines() -> tuple[str, ...] | None:
+    """The operator's ``DISCO_ENGINES`` (comma-separated llamacpp, torch; None when unset or ``auto``); anything else
+    is refused in one line."""
+    raw = os.environ.get(ENGINES_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    names = tuple(dict.fromkeys(x.strip() for x in raw.split(",") if x.strip()))
+    if not names or any(n not in ("llamacpp", "torch") for n in names):
+        raise InputError(f"{ENGINES_ENV}={raw!r}: give llamacpp, torch or both, comma-separated (or auto)")
+    return names
+
+
+def check_room(spec: str, engine: str) -> None:
+    """Refuse, in one line, a second pair whose weights need a conversion first or do not fit the free memory."""
+    try:
+        weights = memory.pair_weights(spec, engine)
+    except memory.NotPrepared as exc:
+        raise ModelLoadError(f"the {engine} engine is not ready here: {exc}") from None
+    if weights is None:
+        return  # a pair built in code, or hub ids: nothing on disk to measure
+    need, free = memory.need_bytes(weights), memory.available_bytes()
+    if free is not None and need > free:
+        raise ModelLoadError(f"the {engine} engine's pair needs about {memory.gib(need)} of memory and this machine has "
+                             f"{memory.gib(free)} free: it is not loaded (the {engine} engine stays off here)")
 
     def status(self) -> str:
         if not self.ready:
@@ -159,32 +197,31 @@ class ModelLoader:
                 f"{self.pair.context_length} tokens · loaded in {self.pair.load_seconds:.1f} s · numerics and "
                 "costs: see **This machine**")
 
-    def status_stream(self) -> Iterator[str]:
-        """For ``demo.load``: a live status line until the models are ready."""
-        while not self.ready:
-            yield self.status()
-            self._done.wait(1.0)
-        yield self.status()
+    def machine_markdown(self) -> str:
+        data = self.profile.to_dict() if self.profile is not None else None
+        cal = getattr(self.pair, "calibration", None)
+        return machine_tab.markdown(data, cal.to_dict() if cal is not None else None,
+                                    self.profile_step if not self._profile_done.is_set() else None, self.profile_error,
+                                    self.pair.describe() if self.pair is not None else None)
 
     def machine_outputs(self) -> tuple:
         data = self.profile.to_dict() if self.profile is not None else None
-        cal = getattr(self.pair, "calibration", None)
-        md = machine_tab.markdown(data, cal.to_dict() if cal is not None else None,
-                                   self.profile_step if not self._profile_done.is_set() else None, self.profile_error,
-                                   self.pair.describe() if self.pair is not None else None)
         # every engine measured on this machine draws its verification curve (the other one from its cached profile)
         others = [p.to_dict() for e in self.engines() if e != self.engine
                   for p in [profile.latest_for(self.spec, e)] if p is not None]
-        return md, plots.machine_cost_figure(data, others), plots.machine_speedup_figure(data)
+        return self.machine_markdown(), plots.machine_cost_figure(data, others), plots.machine_speedup_figure(data)
 
-    def machine_stream(self) -> Iterator[tuple]:
-        """For ``demo.load``: the This machine tab, redrawn every 2 s while the profile is measured, then once.
-        Nothing polls once it is ready (an idle app stays idle)."""
-        last = None
-        while not self._profile_done.is_set():
-            md = self.machine_outputs()
-            if md[0] != last:
-                last = md[0]
-                yield md
-            self._profile_done.wait(2.0)
-        yield self.machine_outputs()
+    def poll(self, shown_status: str | None = None, shown_machine: str | None = None) -> tuple:
+        """For the page's timer (and its first load): the status line and the This-machine tab, each sent only when
+        it differs from what the page shows (figures are drawn only then), and the timer itself, stopped once the
+        models and the profile are ready (an idle page then costs nothing)."""
+        import gradio as gr
+
+        status = self.status()
+        md = self.machine_markdown()
+        if md != shown_machine:
+            machine = self.machine_outputs()
+        else:
+            machine = (gr.skip(), gr.skip(), gr.skip())
+        done = self.ready and self._profile_done.is_set()
+        return (status if status != shown_status else gr.skip(), *machine, gr.Timer(active=not done))

@@ -12,6 +12,7 @@ the "Setting" dropdown (Gradio 6's ``gr.Plot`` has no click event).
 from __future__ import annotations
 
 import time
+import logging
 from dataclasses import dataclass
 
 import gradio as gr
@@ -35,6 +36,7 @@ from disco.errors import UserError, first_line
 from disco.policies import KMAXES, STATIC_KS, Policy, parse_strategy, policy_class, policy_kinds
 from disco.policies.grids import COARSE_TAUS, default_grid, rule_kinds
 
+log = logging.getLogger("disco.app")
 DEFAULT_TAUS = ",".join(format(t, "g") for t in COARSE_TAUS)
 DEFAULT_STATIC = ",".join(str(k) for k in STATIC_KS)
 DEFAULT_KMAXES = ",".join(str(k) for k in KMAXES)
@@ -236,8 +238,9 @@ def _stream(get_pair, records, grid, max_new, profile, should_stop, deadline, pr
         yield ("Nothing was replayed.", *_skip_all(8))
 
 
-def build_sweep_tab(get_pair) -> None:
-    """Create the Sweep tab's widgets and events (call inside an open ``gr.Tab``)."""
+def build_sweep_tab(get_pair, gate=None) -> None:
+    """Create the Sweep tab's widgets and events (call inside an open ``gr.Tab``); ``gate``
+    (``disco.app.visitors.VisitorGate``) holds each visitor to their share of the queue."""
     stops = StopSignals()
     try:
         suite = sweep_suites.load(sweep_suites.BUILTIN, None)
@@ -268,6 +271,8 @@ def build_sweep_tab(get_pair) -> None:
             should_stop = deadline.stop_check(should_stop)
             yield from _stream(get_pair, records, grid, max_new, profile, should_stop, deadline, progress, start)
         except (UserError, ValueError, RuntimeError) as exc:
+            if not isinstance(exc, UserError):  # a fault of ours or of an engine: its traceback goes to the log
+                log.exception("sweep failed")
             yield (f"⚠ {first_line(exc)}", *_skip_all(8))
 
     run_sweep = zerogpu.gpu(run_sweep, limits.Budgets.from_env().run_s)  # a no-op off a ZeroGPU Space
@@ -277,10 +282,13 @@ def build_sweep_tab(get_pair) -> None:
             return gr.skip(), gr.skip()
         try:
             pair = get_pair() if callable(get_pair) else get_pair
-            frame = replay_iterations(pair, st["records"][prompt_id], parse_strategy(spec),
-                                      int(st.get("max_new_tokens", 48)), cost_profile=st.get("cost_profile"))
+            with COMPUTE_LOCK:  # may decode a chain: never beside a timed race or the background profile
+                frame = replay_iterations(pair, st["records"][prompt_id], parse_strategy(spec),
+                                          int(st.get("max_new_tokens", 48)), cost_profile=st.get("cost_profile"))
         except (UserError, ValueError, RuntimeError, KeyError) as exc:
-            gr.Warning(str(exc))
+            if not isinstance(exc, UserError):
+                log.exception("the sweep's detail replay failed")
+            gr.Warning(first_line(exc))
             return gr.skip(), gr.skip()
         return detail_view(frame, spec, prompt_id)
 
@@ -292,6 +300,8 @@ def build_sweep_tab(get_pair) -> None:
             return
         inputs[6] = st.get("max_new_tokens", inputs[6])
         yield from run_sweep(*inputs, progress=progress, request=request, records=list(st["records"].values()))
+
+    show_detail = zerogpu.gpu(show_detail, limits.Budgets.from_env().run_s)  # it may decode a chain
 
     def heatmap_of(kind, st):
         if not st or st.get("summary") is None:
@@ -310,27 +320,29 @@ def build_sweep_tab(get_pair) -> None:
                 f"{chosen.name}: {len(chosen.prompts)} prompts in {len(chosen.kinds)} kind(s){shown}"
                 + (f"; {len(chosen.dropped)} unusable rows left out" if chosen.dropped else "") + ".")
 
-    _wire(w, stops, run_sweep, show_detail, redraw, heatmap_of, on_suite)
+    _wire(w, stops, run_sweep, show_detail, redraw, heatmap_of, on_suite, gate)
 
 
-def _wire(w: _Widgets, stops, run_sweep, show_detail, redraw, heatmap_of, on_suite) -> None:
+def _wire(w: _Widgets, stops, run_sweep, show_detail, redraw, heatmap_of, on_suite, gate=None) -> None:
     """The tab's events: Run and Stop, the detail view after a run, re-costing on a new profile, the kind's heatmap,
-    a new suite's prompts."""
+    a new suite's prompts. Every event that takes the compute turn goes through ``gate`` (one run per visitor,
+    refused before it is queued)."""
+    def compute(fn) -> dict:
+        return {"concurrency_id": "compute", **({"validator": gate.validator_for(fn)} if gate is not None else {})}
+
     outputs, detail = w.outputs(), [w.setting, w.detail_prompt, w.state]
+    details = [w.detail_plot, w.detail_table]
     # Stop asks the sweep to end at its next progress report: the prompt in progress is dropped, completed
     # ones are kept (see disco.app.session.StopSignals)
-    run_event = stops.wire(w.run, w.stop, run_sweep, w.run_inputs(), outputs, api_name="sweep",
-                           concurrency_id="compute", concurrency_limit=1, show_progress="full",
-                           show_progress_on=[w.status])
-    run_event.then(show_detail, detail, [w.detail_plot, w.detail_table], api_visibility="private",
-                   concurrency_id="compute")
+    run_event = stops.wire(w.run, w.stop, run_sweep, w.run_inputs(), outputs, api_name="sweep", concurrency_limit=1,
+                           show_progress="full", show_progress_on=[w.status], **compute(run_sweep))
+    run_event.then(show_detail, detail, details, api_visibility="private", **compute(show_detail))
     for widget in (w.cost_profile, w.cost_csv):
-        widget.change(redraw, w.run_inputs() + [w.state], outputs, api_visibility="private", concurrency_id="compute",
-                      show_progress="minimal").then(show_detail, detail, [w.detail_plot, w.detail_table],
-                                                    api_visibility="private", concurrency_id="compute")
+        widget.change(redraw, w.run_inputs() + [w.state], outputs, api_visibility="private", show_progress="minimal",
+                      **compute(redraw)).then(show_detail, detail, details, api_visibility="private",
+                                              **compute(show_detail))
     for widget in (w.setting, w.detail_prompt):
-        widget.input(show_detail, detail, [w.detail_plot, w.detail_table], api_visibility="private",
-                     concurrency_id="compute")
+        widget.input(show_detail, detail, details, api_visibility="private", **compute(show_detail))
     w.heatmap_kind.input(heatmap_of, [w.heatmap_kind, w.state], [w.heatmap], api_visibility="private")
     for widget in (w.suite, w.upload):
         widget.change(on_suite, [w.suite, w.upload], [w.prompts, w.status], api_visibility="private")

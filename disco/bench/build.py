@@ -107,7 +107,7 @@ def prompts_frame(rows: list[dict]) -> pd.DataFrame:
 def prompts_md(meta: dict) -> str:
     """The report's lines on the prompts (source, selection, the length rule's cuts and skips) and the tables (where
     they were built, how long it took)."""
-    if "suite" not in meta:
+    if "prompts_used" not in meta:  # a report of a run from before suites were counted
         return ""
     lines = ["## Prompts and tables", "", f"Suite: {meta['suite']}" + (f" ({'; '.join(meta['suite_notes'])})"
                                                                       if meta.get("suite_notes") else "")

@@ -48,10 +48,12 @@ def find_cached(cache_dir: Path, prompt: SuitePrompt, want: dict, max_new_tokens
     return found[0] if found else None
 
 
-def holds_grid(table: ReplayTable, policies: list, max_new_tokens: int, fill=None) -> bool:
-    """Whether every policy replays on the table as it is, and ``fill(table)`` runs (no chain token missing)."""
+def holds_grid(table: ReplayTable, policies: list, max_new_tokens: int, fill=None, costs: tuple = ()) -> bool:
+    """Whether every policy replays on the table as it is (under a free assistant and each of ``costs``), and
+    ``fill(table)`` runs: no chain token missing."""
     try:
-        replay_many(table, policies, max_new_tokens, flat(0.0))
+        for model in (flat(0.0), *costs):
+            replay_many(table, policies, max_new_tokens, model)
         if fill is not None:
             fill(table)
     except ChainMissing:

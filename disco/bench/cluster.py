@@ -96,7 +96,7 @@ class TableWorker:
         return {"pair": info, "host": socket.gethostname(), "pid": os.getpid()}
 
     def build(self, unit: list, policies: list, max_new_tokens: int, fitting, existing: dict[str, str],
-              fill=None) -> dict:
+              fill=None, costs: tuple = ()) -> dict:
         """The tables of one question (its prompts in order), built in a scratch folder that starts with the cached
         tables sent along (``existing``: file name -> text). Returns every file written and, per prompt, its build
         stats or why it was skipped."""
@@ -113,7 +113,8 @@ class TableWorker:
             prompts = {}
             for prompt in unit:
                 try:
-                    table, _ = prepare_table(self.pair, prompt, policies, max_new_tokens, folder, encoder, fill)
+                    table, _ = prepare_table(self.pair, prompt, policies, max_new_tokens, folder, encoder, fill,
+                                             costs)
                 except PromptSkipped:
                     prompts[prompt.id] = {"skipped": encoder.skipped[prompt.id]}
                     continue
@@ -256,10 +257,11 @@ class ClusterRun:
 
 
 def build_tables(cfg: ClusterConfig, spec: PairSpec, prompts: list, policies: list, max_new_tokens: int, fitting,
-                 cache_dir: Path, progress: bool = True, log_line=print, fill=None) -> ClusterRun:
+                 cache_dir: Path, progress: bool = True, log_line=print, fill=None, costs: tuple = ()) -> ClusterRun:
     """Build on the cluster every table of ``prompts`` the cache does not hold yet (module doc): the chain tokens
-    ``policies`` need, and what ``fill(table)`` reads (a picklable function, e.g. the classifier's samples); returns
-    what it did."""
+    ``policies`` need under a free assistant and each of ``costs`` (the run's own profile, where it is known without
+    this machine's models), and what ``fill(table)`` reads (a picklable function, e.g. the classifier's samples);
+    returns what it did."""
     from disco.bench.cached import find_cached, holds_grid
 
     start = time.perf_counter()
@@ -269,7 +271,7 @@ def build_tables(cfg: ClusterConfig, spec: PairSpec, prompts: list, policies: li
     todo = []
     for unit in _units(prompts):
         tables = [find_cached(cache_dir, p, want, max_new_tokens, fitting) for p in unit]
-        if all(t is not None and holds_grid(t, policies, max_new_tokens, fill) for t in tables):
+        if all(t is not None and holds_grid(t, policies, max_new_tokens, fill, costs) for t in tables):
             run.cached += len(unit)
         else:
             todo.append(unit)
@@ -286,8 +288,8 @@ def build_tables(cfg: ClusterConfig, spec: PairSpec, prompts: list, policies: li
         log_line(f"ray: {len(actors)} workers ({cfg.threads} CPUs{f', {cfg.gpus:g} GPUs' if cfg.gpus else ''} each) "
                  f"loaded {identity.get('models')} ({identity.get('engine')}) in {run.startup_seconds:.1f} s; "
                  f"{sum(map(len, todo))} prompts to build, {run.cached} cached")
-        _drive(ray, cfg, spec, actors, todo, (policies, max_new_tokens, fitting, fill), cache_dir, run, progress,
-               log_line, total=len(prompts))
+        _drive(ray, cfg, spec, actors, todo, (policies, max_new_tokens, fitting, fill, costs), cache_dir, run,
+               progress, log_line, total=len(prompts))
     finally:
         if owned:
             ray.shutdown()
@@ -298,7 +300,7 @@ def build_tables(cfg: ClusterConfig, spec: PairSpec, prompts: list, policies: li
 def _drive(ray, cfg, spec, actors, todo, work, cache_dir, run, progress, log_line, total):
     """Keep every worker busy with one question at a time until all are built; a lost worker's question is sent again
     and the worker replaced (``ATTEMPTS`` tries per question). ``work``: what each build takes besides the question
-    (policies, run length, fitting, fill)."""
+    (policies, run length, fitting, fill, costs)."""
     from ray.exceptions import RayActorError, WorkerCrashedError
 
     bar = None
@@ -313,8 +315,9 @@ def _drive(ray, cfg, spec, actors, todo, work, cache_dir, run, progress, log_lin
             while idle and pending:
                 actor = idle.pop()
                 unit, attempt = pending.popleft()
-                policies, max_new_tokens, fitting, fill = work
-                ref = actor.build.remote(unit, policies, max_new_tokens, fitting, _existing(cache_dir, unit), fill)
+                policies, max_new_tokens, fitting, fill, costs = work
+                ref = actor.build.remote(unit, policies, max_new_tokens, fitting, _existing(cache_dir, unit), fill,
+                                         costs)
                 inflight[ref] = (actor, unit, attempt, time.perf_counter())
             if not inflight:
                 raise BenchError("no Ray worker is left to build the tables")

@@ -8,8 +8,9 @@ hindsight on that kind's own prompts (an upper bound on what tuning per kind cou
 speed-up reported on the held kind, beside that kind's own best of the family (in hindsight): does a setting tuned
 on some categories carry over to another? No model runs: both are read from the replay rows.
 
-Families: ``static`` (static K), ``threshold`` (transformers' fixed τ), ``dynamic`` (every rule that chooses the draft
-length per iteration: heuristic, threshold, adaptive, entropy, cumulative, costaware, disco, pmin, copy), and the
+Families: ``static`` (static K), ``threshold`` (transformers' fixed τ), ``dynamic`` (every rule that chooses the
+assistant's draft length per iteration: heuristic, threshold, adaptive, entropy, cumulative, costaware, disco, pmin;
+prompt lookup drafts without the assistant and is left out), and the
 fixed ``threshold:0.4:20`` (no choice). A setting counts only where it drafted on the prompts in question (a rule
 that drafts nothing is the target alone, not a speculation setting).
 """
@@ -23,7 +24,9 @@ import pandas as pd
 from disco.bench.analysis import REFERENCE_SETTING, geomean
 from disco.policies import spec_kind
 
-NOT_DYNAMIC = {"autoregressive", "static", "lookup", "oracle"}  # fixed-length drafters, the baseline, the bound
+# the baseline, fixed-length drafting, the bound, and the drafters without a model (prompt lookup: what they copy, not
+# a stopping rule on the assistant's draft, decides their length)
+NOT_DYNAMIC = {"autoregressive", "static", "oracle", "lookup", "copy"}
 FAMILIES = {"static": lambda kind: kind == "static", "threshold": lambda kind: kind == "threshold",
             "dynamic": lambda kind: kind not in NOT_DYNAMIC}
 ALL = "all"
@@ -136,7 +139,8 @@ def kind_answer_md(frame: pd.DataFrame, cost_words: str) -> str:
                      f"{_x(r['oracle_speedup'])} |")
     lines += ["", f"\"Its share\": `{REFERENCE_SETTING}`'s speed-up over the kind's best threshold (or best static K), "
               "each chosen in hindsight on that kind's prompts; the best dynamic rule is the best setting of any rule "
-              "that chooses the draft length per iteration. Geometric means over the kind's prompts."]
+              "that chooses the assistant's draft length per iteration (prompt lookup aside). Geometric means over "
+              "the kind's prompts."]
     return "\n".join(lines) + "\n"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from disco.bench.positions import positions_frame, positions_md
 from disco.bench.runs import ensure_policy_columns
 from disco.costs import model as cost_mod
 from disco.costs.model import CostModel
-from disco.errors import BenchError
+from disco.errors import BenchError, first_line
 from disco.policies import AUTOREGRESSIVE, STATIC_KS
 from disco.suites import BUILTIN_KINDS as KINDS
 from disco.text import fmt as _fmt
@@ -24,6 +25,9 @@ from disco.bench.analysis import (
     REFERENCE_SETTING, add_decode_speedup, best_settings, engine_frame, overall_rows, peer_frame, summarize_runs, theory_frame,
     validation_frame, validation_outcome,
 )
+
+
+log = logging.getLogger(__name__)
 
 
 # summary.md
@@ -301,13 +305,7 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
         fig.write_html(out / "heatmap.html", include_plotlyjs="directory", full_html=True)
         (out / "heatmap.svg").write_text(heatmap_svg(summary), encoding="utf-8")
         files.update(heatmap_html=out / "heatmap.html", heatmap_svg=out / "heatmap.svg")
-        try:  # PNG only where kaleido happens to be installed (it is not a dependency)
-            import kaleido  # noqa: F401
-
-            fig.write_image(out / "heatmap.png")
-            files["heatmap_png"] = out / "heatmap.png"
-        except Exception:  # noqa: BLE001 - any failure just means no PNG
-            meta["heatmap_png"] = "skipped (kaleido not installed)"
+        _write_png(fig, out, files, meta)
     held = holdout_frame(runs_df)
     text = summary_markdown(meta, summary, theory, validation, val, peers, engines)
     if drafts is not None:  # this run's own drafts (none in a timed-only run): never an earlier run's file
@@ -341,6 +339,22 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
     (out / "summary.md").write_text(text, encoding="utf-8")
     (out / "meta.json").write_text(json.dumps(meta, indent=2, default=_json_default), encoding="utf-8")
     return {"files": files, "meta": meta, "summary": summary, "runs": runs_df, "validation": validation, "peers": peers}
+
+
+def _write_png(fig, out: Path, files: dict, meta: dict) -> None:
+    """heatmap.png where kaleido happens to be installed (it is not a dependency); any other failure is named in the
+    meta and the log, never passed off as a missing package."""
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        meta["heatmap_png"] = "skipped (kaleido not installed)"
+        return
+    try:
+        fig.write_image(out / "heatmap.png")
+        files["heatmap_png"] = out / "heatmap.png"
+    except Exception as exc:  # noqa: BLE001 - kaleido drives a browser: its failures have many types
+        log.warning("heatmap.png not written", exc_info=True)
+        meta["heatmap_png"] = f"failed ({type(exc).__name__}: {first_line(exc)[:200]})"
 
 
 def _kind_sections(out: Path, runs: pd.DataFrame, meta: dict, text: str, files: dict) -> str:

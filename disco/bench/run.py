@@ -127,8 +127,15 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
     cache_dir = cfg.cache_dir or cache.tables_dir()
     cluster = None
     if cfg.cluster is not None and cfg.mode in ("replay", "both") and pair is None:
+        # a profile known without this machine's models: the workers fill the chains the rules reading it need
+        known = ()
+        if profile_name != cost_mod.MEASURED:
+            try:
+                known = (cost_mod.resolve(profile_name),)
+            except cost_mod.CostProfileError:  # a CSV of several precisions: the one the tables have is not known yet
+                known = ()
         cluster = build_tables(cfg.cluster, cfg.pair_spec(), prompts, specs, cfg.max_new_tokens, cfg.fitting,
-                               cache_dir, cfg.progress, _log)
+                               cache_dir, cfg.progress, _log, costs=known)
     if profile_name != cost_mod.MEASURED and pair is None:
         from disco.bench.cached import recost_cached
 

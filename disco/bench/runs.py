@@ -114,15 +114,18 @@ def run_row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, 
 
 
 def prepare_table(pair, prompt: SuitePrompt, policies: list[Policy], max_new_tokens: int, cache_dir: Path | None,
-                  encoder, fill=None):
-    """Build (or load) one prompt's table and make sure it holds every chain token ``policies`` need (and what
-    ``fill(table)`` reads: the classifier's training samples). ``encoder`` (``disco.bench.prompts.PromptEncoder``)
+                  encoder, fill=None, costs: tuple = ()):
+    """Build (or load) one prompt's table and make sure it holds every chain token ``policies`` need under a free
+    assistant and under each of ``costs`` (rules that read the cost profile draft differently under each), and what
+    ``fill(table)`` reads (the classifier's training samples). ``encoder`` (``disco.bench.prompts.PromptEncoder``)
     gives its ids and raises PromptSkipped where the length rule drops it."""
     ids = encoder.ids(prompt)
     table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id, about=encoder.about(prompt))
-    # a cost-aware policy needs some cost model to run; a free assistant drafts the deepest chains (what a real
-    # profile needs beyond them is computed when the grid is replayed with the models attached)
+    # a cost-aware policy needs some cost model to run; a free assistant drafts the deepest chains (what a profile
+    # not given here needs beyond them is computed when the grid is replayed with the models attached)
     results = replay_many(table, policies, max_new_tokens, flat(0.0))
+    for model in costs:
+        replay_many(table, policies, max_new_tokens, model)
     if fill is not None:
         fill(table)
     if table.builder is not None and table.builder.passes:

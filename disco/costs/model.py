@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from disco.errors import UserError
+from disco.errors import UserError, first_line
 from disco.models.timing import interpolate
 
 MEASURED = "measured"
@@ -123,6 +123,17 @@ def flat(c: float, step_ms: float = NOMINAL_STEP_MS) -> CostModel:
                      {"profile": f"flat:{c:g}", "step_ms": step, "cost_ratio": c})
 
 
+MAX_TOKENS = 1 << 20  # no pass is fed more tokens than this; a larger count in a CSV is a mistake
+
+
+def _whole(value) -> int:
+    """A token count from a CSV cell: a whole number in 1..MAX_TOKENS (``inf``, ``1e400`` and ``2.5`` are refused)."""
+    number = float(value)
+    if not math.isfinite(number) or number != int(number) or not 1 <= number <= MAX_TOKENS:
+        raise ValueError(f"tokens must be a whole number from 1 to {MAX_TOKENS}, got {value!r}")
+    return int(number)
+
+
 def from_rows(rows: Iterable[dict], precision: str | None = None, source: str = "rows") -> CostModel:
     """A cost model from per-pass rows (``profile.Profile.cost_rows`` / its CSV) for one assistant precision.
 
@@ -130,8 +141,8 @@ def from_rows(rows: Iterable[dict], precision: str | None = None, source: str = 
     target, assistant = {}, {}
     for row in rows:
         try:
-            role, p, n, ms = str(row["role"]), str(row["precision"]), int(row["tokens"]), float(row["ms"])
-        except (KeyError, TypeError, ValueError) as exc:
+            role, p, n, ms = str(row["role"]), str(row["precision"]), _whole(row["tokens"]), float(row["ms"])
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CostProfileError(f"{source}: a row is not role,precision,kind,tokens,ms ({exc})") from None
         if n < 1 or not (math.isfinite(ms) and ms > 0):
             raise CostProfileError(f"{source}: tokens must be >= 1 and ms > 0 (got {n}, {ms})")
@@ -155,13 +166,26 @@ def from_rows(rows: Iterable[dict], precision: str | None = None, source: str = 
                      {"profile": source, "assistant_precision": precision})
 
 
+CSV_MAX_BYTES = 1 << 20   # a profile from `profile --csv` is a few KB; a bigger upload is refused before it is parsed
+CSV_MAX_ROWS = 10_000
+
+
 def read_csv(path: str | Path, precision: str | None = None) -> CostModel:
     import pandas as pd
 
     try:
-        frame = pd.read_csv(path)
-    except (OSError, ValueError) as exc:
-        raise CostProfileError(f"cost profile {str(path)!r} could not be read: {exc}") from None
+        size = Path(path).stat().st_size
+    except OSError as exc:
+        raise CostProfileError(f"cost profile {str(path)!r} could not be read: {exc.strerror or exc}") from None
+    if size > CSV_MAX_BYTES:
+        raise CostProfileError(f"cost profile {Path(path).name!r} is {size:,} bytes; a per-pass cost CSV is at most "
+                               f"{CSV_MAX_BYTES:,}")
+    try:
+        frame = pd.read_csv(path, nrows=CSV_MAX_ROWS + 1, dtype=str, keep_default_na=False, encoding="utf-8")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise CostProfileError(f"cost profile {str(path)!r} could not be read: {first_line(exc)}") from None
+    if len(frame) > CSV_MAX_ROWS:
+        raise CostProfileError(f"cost profile {Path(path).name!r} has more than {CSV_MAX_ROWS:,} rows")
     missing = [c for c in CSV_COLUMNS if c not in frame.columns]
     if missing:
         raise CostProfileError(f"cost profile {str(path)!r} lacks column(s) {', '.join(missing)}")

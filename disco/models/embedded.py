@@ -18,6 +18,7 @@ import errno
 import fcntl
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -41,6 +42,7 @@ GGUF_SUBDIR = "gguf"
 SAVE_DTYPE = "bfloat16"
 
 Log = Callable[[str], None]
+_log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- cache layout
@@ -62,12 +64,26 @@ def _adopt_old_layout(cache_root: Path, role: str, table) -> None:
     old, new = cache_root / role, model_dir(role, cache_root)
     if not is_ready(new, role, table) and is_ready(old, role, table):
         try:
-            new.parent.mkdir(parents=True, exist_ok=True)
-            if new.exists():
-                shutil.rmtree(new)
-            os.rename(old, new)
-        except OSError:
-            pass
+            _swap_into_place(old, new)
+        except OSError as exc:  # the old folder stays where it was: nothing is lost, it is converted again
+            _log.warning("could not move %s to %s (%s)", old, new, exc.strerror or exc)
+
+
+def _swap_into_place(source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target``; an earlier ``target`` (outdated or broken) is moved aside first and deleted
+    only once ``source`` is in place, and put back if the rename fails: a failed rename never deletes data."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    aside = target.with_name(f"{TMP_PREFIX}replaced-{target.name}-{os.getpid()}") if target.exists() else None
+    if aside is not None:
+        os.rename(target, aside)
+    try:
+        os.rename(source, target)
+    except OSError:
+        if aside is not None:
+            os.rename(aside, target)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def dir_size(path: str | os.PathLike[str]) -> int:
@@ -188,12 +204,14 @@ def convert(
             "convert_seconds": round(time.monotonic() - started, 1),
         })
         tmp.chmod(0o755)  # mkdtemp makes it private; the final folder should look like any other
-        if out_dir.exists():  # an outdated or broken earlier attempt
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    try:
+        _swap_into_place(tmp, out_dir)  # an outdated or broken earlier attempt is replaced only once this is in place
+    except OSError as exc:  # the complete conversion stays in tmp; the next prepare adopts it (``_sweep_stale``)
+        raise EmbeddedError(f"converted {role} into {tmp} but could not move it to {out_dir}: "
+                            f"{exc.strerror or exc}; the next start adopts it") from None
     return out_dir
 
 
@@ -221,12 +239,24 @@ def _locked(cache: Path, log: Log, wait: bool = True) -> Iterator[bool]:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _sweep_stale(cache: Path, log: Log) -> None:
-    """Remove leftovers of interrupted runs. Call only while holding the lock."""
+def _sweep_stale(cache: Path, log: Log, table: Mapping[str, ModelSpec] | None = None) -> None:
+    """Adopt a complete conversion that could not be moved into place, remove leftovers of interrupted runs. Call
+    only while holding the lock."""
     for tmp in cache.glob(f"{TMP_PREFIX}*"):
-        if tmp.is_dir():
-            log(f"[disco] removing leftover {tmp.name} from an interrupted conversion")
-            shutil.rmtree(tmp, ignore_errors=True)
+        if not tmp.is_dir():
+            continue
+        role = next((r for r in (table or wheels.ROLES) if tmp.name.startswith(f"{TMP_PREFIX}{r}-")), None)
+        target = model_dir(role, cache) if role else None
+        if role and is_ready(tmp, role, table) and not is_ready(target, role, table):
+            try:
+                _swap_into_place(tmp, target)
+                log(f"[disco] adopted the complete conversion {tmp.name} as {target}")
+                continue
+            except OSError as exc:
+                log(f"[disco] could not adopt {tmp.name}: {exc.strerror or exc}")
+                continue
+        log(f"[disco] removing leftover {tmp.name} from an interrupted conversion")
+        shutil.rmtree(tmp, ignore_errors=True)
     for partial in (cache / GGUF_SUBDIR).glob("*.partial"):
         partial.unlink(missing_ok=True)
 
@@ -302,7 +332,7 @@ def prepare_gguf(cache_dir: str | os.PathLike[str] | None = None, progress: bool
         return files
     try:
         with _locked(cache, log):
-            _sweep_stale(cache, log)
+            _sweep_stale(cache, log, table)
             todo = [role for role in table if not gguf_ready(role, cache, table)]
             parts = _locate_all(todo, table)  # fail before any slow work if a package is missing
             for role in todo:
@@ -353,7 +383,7 @@ def prepare(
         try:
             with _locked(cache, log, wait=False) as got:
                 if got:
-                    _sweep_stale(cache, log)
+                    _sweep_stale(cache, log, table)
         except OSError:
             pass
         return folders
@@ -361,7 +391,7 @@ def prepare(
     started = time.monotonic()
     try:
         with _locked(cache, log):
-            _sweep_stale(cache, log)
+            _sweep_stale(cache, log, table)
             # Re-check under the lock: another process may have finished some roles meanwhile.
             todo = [role for role in table if not is_ready(folders[role], role, table)]
             for role in table:

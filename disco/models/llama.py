@@ -104,22 +104,36 @@ def _make_quiet():
 _QUIET = _make_quiet()  # kept alive for the process: llama.cpp holds the pointer
 
 
+MAX_THREADS, MAX_N_CTX = 512, 1 << 20
+
+
+def _env_int(name: str, lo: int, hi: int) -> int | None:
+    """An operator's whole number from the environment (None when unset); anything else is refused in one line, as
+    every other operator variable is (``disco.limits``)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise LlamaUnavailable(f"{name}={raw!r}: expected a whole number from {lo} to {hi}") from None
+    if not lo <= value <= hi:
+        raise LlamaUnavailable(f"{name}={raw!r}: expected a whole number from {lo} to {hi}")
+    return value
+
+
 def threads() -> int:
-    raw = os.environ.get(THREADS_ENV, "").strip()
-    if raw:
-        try:
-            return max(1, int(raw))
-        except ValueError:
-            pass
+    """llama.cpp's threads: ``DISCO_LLAMA_THREADS``, else every CPU this process may use."""
+    chosen = _env_int(THREADS_ENV, 1, MAX_THREADS)
+    if chosen is not None:
+        return chosen
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
 def n_ctx() -> int:
-    raw = os.environ.get(N_CTX_ENV, "").strip()
-    try:
-        return max(256, int(raw)) if raw else DEFAULT_N_CTX
-    except ValueError:
-        return DEFAULT_N_CTX
+    """The context length of llama.cpp's contexts: ``DISCO_LLAMA_CTX`` (256 and up), else 4096."""
+    chosen = _env_int(N_CTX_ENV, 256, MAX_N_CTX)
+    return DEFAULT_N_CTX if chosen is None else chosen
 
 
 class LlamaModel:

@@ -311,7 +311,9 @@ def test_plot_placeholders_and_colours():
     for fig in plots.all_figures(empty):
         assert isinstance(fig, go.Figure) and not fig.data and fig.layout.annotations
     assert plots.strategy_color("static:5") == plots.KIND_COLORS["static"]
-    assert plots.strategy_color("static:9") == plots.strategy_color("static:9") != plots.strategy_color("threshold:0.1")
+    nine = plots.strategy_color("static:9")  # a shade of the static hue: stable, distinct from K=5 and from thresholds
+    assert re.fullmatch(r"#[0-9a-f]{6}", nine) and nine == plots.strategy_color("static:9")
+    assert nine != plots.strategy_color("static:5") and nine != plots.strategy_color("threshold:0.1")
     assert re.fullmatch(r"#[0-9a-f]{6}", plots.strategy_color("brand-new-kind:3"))
 
 

@@ -160,7 +160,8 @@ def test_bench_train_and_sampling_take_ray(two_nodes, tmp_path, capsys):
     out = tmp_path / "out"
     common = ["--models", "tiny", "--suite", str(path), "--ray", two_nodes, "--ray-threads", "1", "--no-progress"]
     assert cli.main(["bench", *common, "--mode", "replay", "--cost-profile", "flat:0.05", "--max-new-tokens", "8",
-                     "--static-ks", "1,2", "--taus", "0.4", "--kmaxes", "4", "--out", str(out)]) == 0
+                     "--static-ks", "1,2", "--taus", "0.4", "--kmaxes", "4", "--strategy", "costaware:4",
+                     "--out", str(out)]) == 0  # costaware reads the profile: the workers fill its chains under it
     table = pd.read_csv(out / "prompts.csv", dtype={"prompt_id": str})
     assert set(table["prompt_id"]) == {"81", "82", "101"} and table["built_by"].str.startswith("ray:").all()
     meta = json.loads((out / "meta.json").read_text())

@@ -133,9 +133,9 @@ def test_the_sweep_picks_ticked_prompts_or_a_stratified_sample(tmp_path):
     sample = sweep_suites.picked(suite, [], 2, 5)
     assert sorted(p.kind for p in sample) == ["qa", "writing"] and all(p.split for p in sample)
     assert sweep_suites.default_ticks(suite) == ["0", "2"]
-    for args, needle in ((([], 0, 0)), "pick at least one"), ((["9"], 0, 0), "unknown prompt '9'"),
-                         ((["0"], -1, 0), "sample size"), ((["0"], 2, -3), "sample seed"),
-                         ((["0"], "x", 0), "must be a number")):
+    cases = [(([], 0, 0), "pick at least one"), ((["9"], 0, 0), "unknown prompt '9'"), ((["0"], -1, 0), "sample size"),
+             ((["0"], 2, -3), "sample seed"), ((["0"], "x", 0), "must be a number")]
+    for args, needle in cases:
         with pytest.raises(BenchError, match=needle):
             sweep_suites.picked(suite, *args)
     humaneval = sweep_suites.load(sweep_suites.HUMANEVAL, None)

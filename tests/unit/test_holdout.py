@@ -40,6 +40,28 @@ def test_each_kind_is_chosen_on_train_and_reported_on_test():
     assert "≥ best static K + 10 %: met" in md and "≥ 95 % of the oracle: met" in md
 
 
+def test_only_rules_that_speculate_earn_a_verdict_and_none_while_slower_than_the_target_alone():
+    """The report's goal lines: prompt lookup and a rule that drafts nothing are not "new stopping rules", and a rule
+    slower than the target alone meets no goal, whatever its share of the oracle (issue 25: copy:5:3 at 0.998x)."""
+    runs = _runs({
+        ("autoregressive", "train"): [1, 1], ("autoregressive", "test"): [1, 1],
+        ("static:1", "train"): [0.95, 0.95], ("static:1", "test"): [0.95, 0.95],
+        ("threshold:0.9:5", "train"): [0.96, 0.96], ("threshold:0.9:5", "test"): [0.96, 0.96],
+        ("oracle:20", "train"): [1.03, 1.03], ("oracle:20", "test"): [1.04, 1.04],
+        ("copy:5:3", "train"): [1.2, 1.2], ("copy:5:3", "test"): [0.998, 0.998],       # a drafter without a model
+        ("costaware:20", "train"): [1.1, 1.1], ("costaware:20", "test"): [1.0, 1.0],   # drafts nothing here
+        ("cumulative:0.2:5", "train"): [0.99, 0.99], ("cumulative:0.2:5", "test"): [0.99, 0.99],
+    })
+    runs["drafted"] = [0 if s in ("autoregressive", "costaware:20") else 5 for s in runs["strategy"]]
+    best = best_new(holdout_frame(runs))
+    assert best["kind"] == "cumulative"
+    md = holdout_md(holdout_frame(runs))
+    assert "**cumulative** (`cumulative:0.2:5`)" in md and "≥ 95 % of the oracle: not met" in md
+    assert ": met" not in md and "slower than the target alone" in md
+    runs = runs[runs["strategy"] != "cumulative:0.2:5"]
+    assert best_new(holdout_frame(runs)) is None and "Best new rule" not in holdout_md(holdout_frame(runs))
+
+
 def test_no_table_without_both_splits():
     runs = _runs({("autoregressive", "train"): [1], ("static:2", "train"): [2]})
     assert holdout_frame(runs).empty and holdout_md(holdout_frame(runs)) == ""

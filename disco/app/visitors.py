@@ -1,0 +1,123 @@
+"""A shared queue no visitor can take over: a bounded queue, and at most ``DISCO_RUNS_PER_VISITOR`` runs per visitor
+waiting or running at once (a visitor is a session: a page or a client; on a hosted app also a client address).
+
+The check runs when a run asks to join the queue (Gradio's ``validator`` of the event, called before the event is
+queued), so a client that fires 50 calls holds one place and the other 49 are refused at once with one line that says
+why and where their run stands; Gradio's ``max_size`` bounds the queue itself ("Queue is full"). The queue's own
+records (its waiting and running events, pinned Gradio version) are the truth: a run that ended, was cancelled or
+whose client went away frees the visitor's place with no bookkeeping of ours that could leak.
+
+Behind a proxy (Hugging Face Spaces) every request comes from the proxy's address; the client's is the one the
+trusted proxy appended to ``X-Forwarded-For``: ``DISCO_PROXY_HOPS`` proxies are trusted (1 on a Space, 0 elsewhere),
+and the address that many entries from the right is the client's (entries further left are the client's own claims).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import gradio as gr
+
+from disco.errors import InputError
+
+COMPUTE = "compute"  # the concurrency id every run that uses the models takes
+
+
+def _env_int(name: str, default: int, lo: int, hi: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InputError(f"{name}={raw!r}: expected a whole number from {lo} to {hi}") from None
+    if not lo <= value <= hi:
+        raise InputError(f"{name}={raw!r}: expected a whole number from {lo} to {hi}")
+    return value
+
+
+@dataclass(frozen=True)
+class QueueRules:
+    per_visitor: int = 1      # runs one visitor may have waiting or running (0: no limit)
+    by_address: bool = False  # a visitor is also its client address (on a Space: many sessions, one person)
+    proxy_hops: int = 0       # trusted proxies in front of the app (their X-Forwarded-For entries name the client)
+    max_size: int = 32        # runs the queue holds at most (Gradio's max_size)
+
+    @classmethod
+    def from_env(cls) -> "QueueRules":
+        on_space = bool(os.environ.get("SPACE_ID"))
+        return cls(per_visitor=_env_int("DISCO_RUNS_PER_VISITOR", 1, 0, 1000),
+                   by_address=bool(_env_int("DISCO_LIMIT_BY_ADDRESS", 1 if on_space else 0, 0, 1)),
+                   proxy_hops=_env_int("DISCO_PROXY_HOPS", 1 if on_space else 0, 0, 10),
+                   max_size=_env_int("DISCO_QUEUE_MAX", 32, 1, 100_000))
+
+    def words(self) -> str:
+        who = "visitor (session or address)" if self.by_address else "visitor (session)"
+        each = (f"{self.per_visitor} run{'s' if self.per_visitor > 1 else ''} per {who}" if self.per_visitor
+                else "no limit per visitor")
+        return f"queue: at most {self.max_size} runs, {each}"
+
+
+def client_address(request, hops: int) -> str:
+    """The client's address: the entry ``hops`` from the right of X-Forwarded-For (added by the trusted proxies),
+    else the address the request came from."""
+    if request is None:
+        return ""
+    if hops > 0:
+        forwarded = [part.strip() for part in request.headers.get("x-forwarded-for", "").split(",") if part.strip()]
+        if len(forwarded) >= hops:
+            return forwarded[-hops]
+    client = getattr(request, "client", None)
+    return getattr(client, "host", "") or ""
+
+
+class VisitorGate:
+    """Refuses a run when its visitor already has ``rules.per_visitor`` runs waiting or running (module doc)."""
+
+    def __init__(self, rules: QueueRules, queue: Callable[[], object]):
+        self.rules = rules
+        self._queue = queue  # the app's Gradio queue, read when a run asks to join (it exists only once launched)
+
+    def holdings(self, session: str | None, address: str | None) -> list[int | None]:
+        """The visitor's runs: None for one that is running, its 1-based place for one that waits."""
+        queue = self._queue()
+        if queue is None:
+            return []
+
+        def theirs(event) -> bool:
+            if event.concurrency_id != COMPUTE:
+                return False
+            same_session = session is not None and event.session_hash == session
+            same_address = address is not None and client_address(event.request, self.rules.proxy_hops) == address
+            return same_session or same_address
+
+        running = [None for job in queue.active_jobs if job for event in job if theirs(event)]
+        waiting = queue.event_queue_per_concurrency_id.get(COMPUTE)
+        places = [i + 1 for i, event in enumerate(waiting.queue if waiting else []) if theirs(event)]
+        return running + places
+
+    def refusal(self, request: gr.Request | None) -> str | None:
+        """None when this request's visitor may queue another run, else the one line that says why."""
+        if not self.rules.per_visitor or request is None:
+            return None
+        address = client_address(request, self.rules.proxy_hops) if self.rules.by_address else None
+        held = self.holdings(getattr(request, "session_hash", None), address)
+        if len(held) < self.rules.per_visitor:
+            return None
+        waiting = [p for p in held if p is not None]
+        where = (f"it waits at place {waiting[0]} in the queue" if waiting else "it is running now")
+        return (f"you already have a run on this shared app ({where}): one run per visitor at a time "
+                f"(DISCO_RUNS_PER_VISITOR={self.rules.per_visitor}); press Stop or wait for it to finish")
+
+    def validator_for(self, handler: Callable) -> Callable:
+        """A Gradio validator with ``handler``'s signature (Gradio passes it the same inputs and the request)."""
+        def validate(*args, **kwargs):
+            request = next((a for a in [*args, *kwargs.values()] if isinstance(a, gr.Request)), None)
+            message = self.refusal(request)
+            return gr.validate(False, message) if message else gr.validate(True, "")
+
+        validate.__signature__ = inspect.signature(handler)
+        return validate

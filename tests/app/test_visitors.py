@@ -1,0 +1,144 @@
+"""A shared queue no visitor can take over (``disco.app.visitors``), through gradio_client and raw HTTP: one client
+firing many runs holds one place, a second client's run starts after at most one of the first's, a refused run is
+told why and where its run stands, the queue is bounded, and a visitor behind a proxy is its forwarded address.
+Counts and order, never times."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import ValidationError
+
+import app
+from disco.app import visitors
+from disco.app.visitors import QueueRules, client_address
+from disco.errors import InputError
+
+
+class _Request:
+    def __init__(self, forwarded: str = "", host: str = "10.0.0.9"):
+        self.headers = {"x-forwarded-for": forwarded} if forwarded else {}
+        self.client = type("C", (), {"host": host})()
+
+
+def test_the_client_address_is_the_one_the_trusted_proxies_appended():
+    assert client_address(_Request("6.6.6.6, 1.2.3.4"), 1) == "1.2.3.4"  # the left entry is the client's own claim
+    assert client_address(_Request("6.6.6.6, 1.2.3.4, 5.5.5.5"), 2) == "1.2.3.4"
+    assert client_address(_Request("6.6.6.6"), 0) == "10.0.0.9"
+    assert client_address(_Request(""), 1) == "10.0.0.9"
+
+
+def test_queue_rules_come_from_the_environment_and_bad_values_are_one_line(monkeypatch):
+    assert QueueRules.from_env() == QueueRules(1, False, 0, 32)
+    monkeypatch.setenv("SPACE_ID", "lab/disco")
+    assert QueueRules.from_env() == QueueRules(1, True, 1, 32)
+    monkeypatch.setenv("DISCO_QUEUE_MAX", "5")
+    monkeypatch.setenv("DISCO_RUNS_PER_VISITOR", "0")
+    assert QueueRules.from_env().max_size == 5 and QueueRules.from_env().per_visitor == 0
+    for name, bad in (("DISCO_QUEUE_MAX", "0"), ("DISCO_RUNS_PER_VISITOR", "x"), ("DISCO_PROXY_HOPS", "-1"),
+                      ("DISCO_LIMIT_BY_ADDRESS", "2")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(InputError, match=name):
+            QueueRules.from_env()
+        monkeypatch.delenv(name)
+
+
+def _hold_runs(monkeypatch) -> threading.Event:
+    """Every run waits at its first model pass until the returned event is set: the order of events is decided by the
+    test, not by the machine's speed."""
+    from disco.decode import live
+
+    release = threading.Event()
+    real = live.Decoder.step
+
+    def held(self, interrupt=None):
+        release.wait(timeout=300)
+        return real(self, interrupt)
+
+    monkeypatch.setattr(live.Decoder, "step", held)
+    return release
+
+
+@pytest.fixture()
+def gated(serve_app, monkeypatch):
+    release = _hold_runs(monkeypatch)
+    with serve_app(app.build_demo("tiny")) as url:
+        yield url, release
+        release.set()
+
+
+def test_one_client_firing_fifty_runs_holds_one_place_and_a_second_client_is_served_after_one_of_them(gated):
+    url, gate_open = gated
+    first, second = Client(url, verbose=False), Client(url, verbose=False)
+    jobs, refused = [], []
+    for i in range(50):
+        try:
+            jobs.append(first.submit(f"first {i}", max_new_tokens=4, baseline=False, api_name="/compare"))
+        except ValidationError as exc:
+            refused.append(str(exc))
+    other = second.submit("second", max_new_tokens=4, baseline=False, api_name="/compare")
+    gate_open.set()
+    results = [job.result() for job in jobs]
+    assert len(jobs) == 1 and len(refused) == 49, (len(jobs), len(refused))
+    assert all("you already have a run" in r and "DISCO_RUNS_PER_VISITOR" in r for r in refused)
+    assert "Done" in results[0][0] and "Done" in other.result()[0]
+
+
+def test_a_refused_run_is_told_where_its_own_run_waits(gated):
+    url, gate_open = gated
+    a, b = Client(url, verbose=False), Client(url, verbose=False)
+    running = a.submit("a", max_new_tokens=4, baseline=False, api_name="/compare")
+    waiting = b.submit("b", max_new_tokens=4, baseline=False, api_name="/compare")
+    with pytest.raises(ValidationError, match="it waits at place 1 in the queue"):
+        b.predict("b again", max_new_tokens=4, api_name="/compare")
+    with pytest.raises(ValidationError, match="it is running now"):
+        a.predict("a again", max_new_tokens=4, api_name="/compare")
+    gate_open.set()
+    assert "Done" in running.result()[0] and "Done" in waiting.result()[0]
+    assert "Done" in a.predict("a after", max_new_tokens=4, baseline=False, api_name="/compare")[0]  # freed again
+
+
+def test_behind_a_proxy_a_visitor_is_also_its_forwarded_address(serve_app, monkeypatch):
+    monkeypatch.setenv("DISCO_LIMIT_BY_ADDRESS", "1")
+    monkeypatch.setenv("DISCO_PROXY_HOPS", "1")
+    release = _hold_runs(monkeypatch)
+    with serve_app(app.build_demo("tiny")) as url:
+        same = [Client(url, verbose=False, headers={"X-Forwarded-For": f"9.9.9.{i}, 1.1.1.1"}) for i in range(2)]
+        other = Client(url, verbose=False, headers={"X-Forwarded-For": "2.2.2.2"})
+        job = same[0].submit("x", max_new_tokens=4, baseline=False, api_name="/compare")
+        with pytest.raises(ValidationError, match="you already have a run"):  # another session, the same person
+            same[1].predict("y", max_new_tokens=4, api_name="/compare")
+        third = other.submit("z", max_new_tokens=4, baseline=False, api_name="/compare")
+        release.set()
+        assert "Done" in job.result()[0] and "Done" in third.result()[0]
+
+
+def test_the_queue_is_bounded(serve_app, monkeypatch):
+    """DISCO_QUEUE_MAX=2: of four visitors' runs, one may be running and two waiting; the rest are refused at once."""
+    monkeypatch.setenv("DISCO_QUEUE_MAX", "2")
+    release = _hold_runs(monkeypatch)
+    with serve_app(app.build_demo("tiny")) as url:
+        jobs, refused = [], []
+        for i in range(4):
+            try:
+                jobs.append(Client(url, verbose=False).submit(f"p{i}", max_new_tokens=4, baseline=False,
+                                                              api_name="/compare"))
+            except Exception as exc:  # noqa: BLE001 - gradio_client's QueueError
+                refused.append(str(exc))
+        release.set()
+        done = [j.result()[0] for j in jobs]
+    assert 1 <= len(refused) <= 2 and all("Queue is full" in r for r in refused), refused
+    assert all("Done" in d for d in done)
+
+
+def test_the_gate_reads_gradios_queue_records():
+    """The gate reads the pinned Gradio's queue (its waiting and running events): fail here, not silently, if a
+    Gradio upgrade renames them."""
+    from gradio.queueing import EventQueue, Queue
+
+    assert "queue" in EventQueue("x", 1).__dict__
+    assert "active_jobs" in Queue.__init__.__code__.co_names
+    assert "event_queue_per_concurrency_id" in Queue.__init__.__code__.co_names
+    assert visitors.COMPUTE == "compute"
