@@ -137,7 +137,7 @@ def build_demo(models: str | None = None) -> gr.Blocks:
         # string for a slider gets our one-line message, not Gradio's multi-line preprocessing report
         stops.wire(run, stop, compare, inputs, outputs, api_name="compare", concurrency_id="compute",
                    concurrency_limit=1, show_progress="full", show_progress_on=[run_status], preprocess=False,
-                   validator=gate.validator_for(compare))
+                   validator=gate.validator_for(compare, len(inputs)))
         # the status line and the This-machine tab: polled by a timer per page, each tick a cheap unqueued call that
         # sends something only when it changed, stopped once the models and the profile are ready (no stream holds
         # a worker or a queue place for every open page)

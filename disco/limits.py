@@ -35,12 +35,12 @@ def env_number(name: str, default: float, cast=float, lo: float = 0.0) -> float:
     if not raw:
         return default
     try:
-        value = cast(float(raw))
+        number = float(raw)
     except ValueError:
         raise InputError(f"{name}={raw!r}: expected a number") from None
-    if not math.isfinite(value) or value < lo:
+    if not math.isfinite(number) or number < lo:  # checked before the cast: int(inf) would raise OverflowError
         raise InputError(f"{name}={raw!r}: expected a number >= {lo:g}")
-    return value
+    return cast(number)
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,15 @@ def as_int(value, what: str) -> int:
     if not math.isfinite(number) or number != math.floor(number):
         raise InputError(f"{what} must be a whole number, got {value!r}")
     return int(number)
+
+
+def as_text(value, what: str) -> str:
+    """A text input as given (None: empty); anything else (a number, a list, an object) is refused in one line."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InputError(f"{what} must be text, got {type(value).__name__}")
+    return value
 
 
 def as_float(value, what: str) -> float:

@@ -155,34 +155,6 @@ class ModelLoader:
         return found
 
 
-ENGINES_ENV = "DISCO_ENGINES"
-
-
-def offered_engines() -> tuple[str, ...] | None:
-    """The operator's ``DISCO_ENGINES`` (comma-separated llamacpp, torch; None when unset or ``auto``); anything else
-    is refused in one line."""
-    raw = os.environ.get(ENGINES_ENV, "").strip().lower()
-    if raw in ("", "auto"):
-        return None
-    names = tuple(dict.fromkeys(x.strip() for x in raw.split(",") if x.strip()))
-    if not names or any(n not in ("llamacpp", "torch") for n in names):
-        raise InputError(f"{ENGINES_ENV}={raw!r}: give llamacpp, torch or both, comma-separated (or auto)")
-    return names
-
-
-def check_room(spec: str, engine: str) -> None:
-    """Refuse, in one line, a second pair whose weights need a conversion first or do not fit the free memory."""
-    try:
-        weights = memory.pair_weights(spec, engine)
-    except memory.NotPrepared as exc:
-        raise ModelLoadError(f"the {engine} engine is not ready here: {exc}") from None
-    if weights is None:
-        return  # a pair built in code, or hub ids: nothing on disk to measure
-    need, free = memory.need_bytes(weights), memory.available_bytes()
-    if free is not None and need > free:
-        raise ModelLoadError(f"the {engine} engine's pair needs about {memory.gib(need)} of memory and this machine has "
-                             f"{memory.gib(free)} free: it is not loaded (the {engine} engine stays off here)")
-
     def status(self) -> str:
         if not self.ready:
             return (f"○ Loading the **{self.spec}** model pair… "
@@ -225,3 +197,32 @@ def check_room(spec: str, engine: str) -> None:
             machine = (gr.skip(), gr.skip(), gr.skip())
         done = self.ready and self._profile_done.is_set()
         return (status if status != shown_status else gr.skip(), *machine, gr.Timer(active=not done))
+
+
+ENGINES_ENV = "DISCO_ENGINES"
+
+
+def offered_engines() -> tuple[str, ...] | None:
+    """The operator's ``DISCO_ENGINES`` (comma-separated llamacpp, torch; None when unset or ``auto``); anything else
+    is refused in one line."""
+    raw = os.environ.get(ENGINES_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    names = tuple(dict.fromkeys(x.strip() for x in raw.split(",") if x.strip()))
+    if not names or any(n not in ("llamacpp", "torch") for n in names):
+        raise InputError(f"{ENGINES_ENV}={raw!r}: give llamacpp, torch or both, comma-separated (or auto)")
+    return names
+
+
+def check_room(spec: str, engine: str) -> None:
+    """Refuse, in one line, a second pair whose weights need a conversion first or do not fit the free memory."""
+    try:
+        weights = memory.pair_weights(spec, engine)
+    except memory.NotPrepared as exc:
+        raise ModelLoadError(f"the {engine} engine is not ready here: {exc}") from None
+    if weights is None:
+        return  # a pair built in code, or hub ids: nothing on disk to measure
+    need, free = memory.need_bytes(weights), memory.available_bytes()
+    if free is not None and need > free:
+        raise ModelLoadError(f"the {engine} engine's pair needs about {memory.gib(need)} of memory and this machine has "
+                             f"{memory.gib(free)} free: it is not loaded (the {engine} engine stays off here)")

@@ -105,10 +105,10 @@ def lane_policy(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_looka
     names its assistant). An explicit ``assistant`` (model / int8) becomes ``@model`` / ``@int8`` unless the spec
     names one.
     """
-    kind = (kind or "").strip()
+    kind = limits.as_text(kind, "a lane's policy").strip()
     if not kind:
         raise InputError("a lane has no policy selected")
-    assistant = (assistant or DEFAULT_ASSISTANT).strip().lower()
+    assistant = (limits.as_text(assistant, "a lane's assistant") or DEFAULT_ASSISTANT).strip().lower()
     if assistant not in ASSISTANT_CHOICES:
         raise InputError(f"unknown assistant {assistant!r}: choose one of {', '.join(ASSISTANT_CHOICES)}")
     chosen = None if assistant == DEFAULT_ASSISTANT else assistant

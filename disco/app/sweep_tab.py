@@ -23,7 +23,7 @@ from disco.app import plots, zerogpu
 from disco.app.session import COMPUTE_LOCK, STOP_LABEL, StopSignals
 from disco.bench.analysis import REFERENCE_SETTING, best_settings
 from disco.bench.heatmap import heatmap_figure
-from disco.app import sweep_suites
+from disco.app import sweep_inputs, sweep_suites
 from disco.app.sweep_views import (
     DETAIL_COLUMNS, RULE_CHOICES, SUMMARY_COLUMNS, csv_path, detail_view, fit_words, kinds_table, status_line,
     top_settings,
@@ -257,12 +257,18 @@ def build_sweep_tab(get_pair, gate=None) -> None:
         should_stop = stops.for_request(request)
         try:
             budgets = limits.Budgets.from_env()
-            profile = profile_choice(profile_menu, profile_csv)
-            grid = grid_policies(static_text, tau_text, kmax_text, use_heuristic, use_oracle, budgets.max_lookahead,
-                                 rule_choice)
+            profile = profile_choice(sweep_inputs.text(profile_menu, "cost profile"),
+                                     sweep_inputs.uploaded(profile_csv, "cost CSV"))
+            grid = grid_policies(sweep_inputs.text(static_text, "static K values"), sweep_inputs.text(tau_text, "τ"),
+                                 sweep_inputs.text(kmax_text, "KMAX values"), sweep_inputs.flag(use_heuristic, "heuristic"),
+                                 sweep_inputs.flag(use_oracle, "oracle"), budgets.max_lookahead,
+                                 sweep_inputs.choices(rule_choice, "stopping rules"))
             if records is None:
-                records = sweep_suites.picked(sweep_suites.load(suite_menu, suite_file), prompt_ids, sample_n,
-                                              sample_seed)
+                suite = sweep_suites.load(sweep_inputs.text(suite_menu, "suite") or sweep_suites.BUILTIN,
+                                          sweep_inputs.uploaded(suite_file, "suite file"))
+                records = sweep_suites.picked(suite, sweep_inputs.choices(prompt_ids, "prompts"),
+                                              sweep_inputs.number(sample_n, "sample size"),
+                                              sweep_inputs.number(sample_seed, "sample seed"))
             max_new = limits.as_int(max_new, "max new tokens")
             if not 8 <= max_new <= MAX_SWEEP_TOKENS:
                 raise BenchError(f"max new tokens must be between 8 and {MAX_SWEEP_TOKENS}, got {max_new}")
@@ -327,22 +333,26 @@ def _wire(w: _Widgets, stops, run_sweep, show_detail, redraw, heatmap_of, on_sui
     """The tab's events: Run and Stop, the detail view after a run, re-costing on a new profile, the kind's heatmap,
     a new suite's prompts. Every event that takes the compute turn goes through ``gate`` (one run per visitor,
     refused before it is queued)."""
-    def compute(fn) -> dict:
-        return {"concurrency_id": "compute", **({"validator": gate.validator_for(fn)} if gate is not None else {})}
+    def compute(fn, inputs: list) -> dict:
+        return {"concurrency_id": "compute",
+                **({"validator": gate.validator_for(fn, len(inputs))} if gate is not None else {})}
 
     outputs, detail = w.outputs(), [w.setting, w.detail_prompt, w.state]
     details = [w.detail_plot, w.detail_table]
     # Stop asks the sweep to end at its next progress report: the prompt in progress is dropped, completed
     # ones are kept (see disco.app.session.StopSignals)
+    # preprocess=False: run_sweep checks every raw value itself (disco.app.sweep_inputs), so a caller who sends the
+    # wrong type gets our one line, not Gradio's several-line preprocessing report
     run_event = stops.wire(w.run, w.stop, run_sweep, w.run_inputs(), outputs, api_name="sweep", concurrency_limit=1,
-                           show_progress="full", show_progress_on=[w.status], **compute(run_sweep))
-    run_event.then(show_detail, detail, details, api_visibility="private", **compute(show_detail))
+                           show_progress="full", show_progress_on=[w.status], preprocess=False,
+                           **compute(run_sweep, w.run_inputs()))
+    run_event.then(show_detail, detail, details, api_visibility="private", **compute(show_detail, detail))
     for widget in (w.cost_profile, w.cost_csv):
         widget.change(redraw, w.run_inputs() + [w.state], outputs, api_visibility="private", show_progress="minimal",
-                      **compute(redraw)).then(show_detail, detail, details, api_visibility="private",
-                                              **compute(show_detail))
+                      **compute(redraw, w.run_inputs() + [w.state])).then(
+            show_detail, detail, details, api_visibility="private", **compute(show_detail, detail))
     for widget in (w.setting, w.detail_prompt):
-        widget.input(show_detail, detail, details, api_visibility="private", **compute(show_detail))
+        widget.input(show_detail, detail, details, api_visibility="private", **compute(show_detail, detail))
     w.heatmap_kind.input(heatmap_of, [w.heatmap_kind, w.state], [w.heatmap], api_visibility="private")
     for widget in (w.suite, w.upload):
         widget.change(on_suite, [w.suite, w.upload], [w.prompts, w.status], api_visibility="private")

@@ -112,12 +112,19 @@ class VisitorGate:
         return (f"you already have a run on this shared app ({where}): one run per visitor at a time "
                 f"(DISCO_RUNS_PER_VISITOR={self.rules.per_visitor}); press Stop or wait for it to finish")
 
-    def validator_for(self, handler: Callable) -> Callable:
-        """A Gradio validator with ``handler``'s signature (Gradio passes it the same inputs and the request)."""
+    def validator_for(self, handler: Callable, inputs: int) -> Callable:
+        """A Gradio validator with ``handler``'s signature (Gradio passes it the same ``inputs`` values and the
+        request, and wants one verdict per input): the refusal is the first input's verdict."""
         def validate(*args, **kwargs):
             request = next((a for a in [*args, *kwargs.values()] if isinstance(a, gr.Request)), None)
             message = self.refusal(request)
-            return gr.validate(False, message) if message else gr.validate(True, "")
+            first = gr.validate(False, message) if message else gr.validate(True, "")
+            return (first, *[gr.validate(True, "") for _ in range(inputs - 1)])
 
-        validate.__signature__ = inspect.signature(handler)
+        # the handler's parameters, so Gradio passes the same values; its request parameter typed with the class
+        # itself (the handler's annotations may be strings that only its own module can resolve)
+        params = [p.replace(annotation=gr.Request if "Request" in str(p.annotation) else inspect.Parameter.empty)
+                  for p in inspect.signature(handler).parameters.values()]
+        validate.__signature__ = inspect.Signature(params)
+        validate.__annotations__ = {p.name: gr.Request for p in params if p.annotation is gr.Request}
         return validate

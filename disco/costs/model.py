@@ -113,6 +113,7 @@ def check_profile(text: str | None) -> str:
                                "file from `python -m disco profile --csv`")
     if not path.is_file():
         raise CostProfileError(f"cost profile {text!r}: no such file")
+    parse_rows(csv_rows(path), str(path))  # its content checked now, before any model is loaded
     return str(path)
 
 
@@ -134,17 +135,15 @@ def _whole(value) -> int:
     return int(number)
 
 
-def from_rows(rows: Iterable[dict], precision: str | None = None, source: str = "rows") -> CostModel:
-    """A cost model from per-pass rows (``profile.Profile.cost_rows`` / its CSV) for one assistant precision.
-
-    ``precision`` None, or absent from the rows while they hold a single assistant precision, takes that one."""
+def parse_rows(rows: Iterable[dict], source: str = "rows") -> tuple[dict[int, float], dict[str, dict[int, float]]]:
+    """(target ms by tokens, assistant ms by precision and tokens) of per-pass rows; one line for any bad row."""
     target, assistant = {}, {}
     for row in rows:
         try:
             role, p, n, ms = str(row["role"]), str(row["precision"]), _whole(row["tokens"]), float(row["ms"])
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CostProfileError(f"{source}: a row is not role,precision,kind,tokens,ms ({exc})") from None
-        if n < 1 or not (math.isfinite(ms) and ms > 0):
+        if not (math.isfinite(ms) and ms > 0):
             raise CostProfileError(f"{source}: tokens must be >= 1 and ms > 0 (got {n}, {ms})")
         if role == "target":
             target[n] = ms
@@ -154,6 +153,14 @@ def from_rows(rows: Iterable[dict], precision: str | None = None, source: str = 
             raise CostProfileError(f"{source}: role must be target or assistant, got {role!r}")
     if not target or not assistant:
         raise CostProfileError(f"{source}: needs target and assistant rows")
+    return target, assistant
+
+
+def from_rows(rows: Iterable[dict], precision: str | None = None, source: str = "rows") -> CostModel:
+    """A cost model from per-pass rows (``profile.Profile.cost_rows`` / its CSV) for one assistant precision.
+
+    ``precision`` None, or absent from the rows while they hold a single assistant precision, takes that one."""
+    target, assistant = parse_rows(rows, source)
     if precision not in assistant:
         if len(assistant) != 1 and precision is not None:
             raise CostProfileError(f"{source}: no assistant rows for precision {precision!r} "
@@ -170,7 +177,8 @@ CSV_MAX_BYTES = 1 << 20   # a profile from `profile --csv` is a few KB; a bigger
 CSV_MAX_ROWS = 10_000
 
 
-def read_csv(path: str | Path, precision: str | None = None) -> CostModel:
+def csv_rows(path: str | Path) -> list[dict]:
+    """The rows of a per-pass cost CSV, read with bounds (size, rows, columns); one line for anything unreadable."""
     import pandas as pd
 
     try:
@@ -189,7 +197,11 @@ def read_csv(path: str | Path, precision: str | None = None) -> CostModel:
     missing = [c for c in CSV_COLUMNS if c not in frame.columns]
     if missing:
         raise CostProfileError(f"cost profile {str(path)!r} lacks column(s) {', '.join(missing)}")
-    return from_rows(frame.to_dict("records"), precision, source=str(path))
+    return frame.to_dict("records")
+
+
+def read_csv(path: str | Path, precision: str | None = None) -> CostModel:
+    return from_rows(csv_rows(path), precision, source=str(path))
 
 
 def write_csv(rows: Iterable[dict], path: str | Path) -> None:

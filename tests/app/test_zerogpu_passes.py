@@ -27,13 +27,21 @@ def _fake_spaces() -> types.ModuleType:
         def wrap(f):
             if inspect.isgeneratorfunction(f):
                 @functools.wraps(f)
-                def inner(*args, **kwargs):
+                def inner(*args, **kwargs):  # Gradio may drive each step from another worker thread: mark each
                     module.calls.append((f.__name__, duration))
-                    INSIDE.on = True
+                    steps = f(*args, **kwargs)
                     try:
-                        yield from f(*args, **kwargs)
+                        while True:
+                            INSIDE.on = True
+                            try:
+                                value = next(steps)
+                            except StopIteration:
+                                return
+                            finally:
+                                INSIDE.on = False
+                            yield value
                     finally:
-                        INSIDE.on = False
+                        steps.close()
             else:
                 @functools.wraps(f)
                 def inner(*args, **kwargs):
