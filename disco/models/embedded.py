@@ -15,7 +15,6 @@ leaves a folder that ``is_ready()`` accepts.
 from __future__ import annotations
 
 import errno
-import fcntl
 import importlib.metadata
 import json
 import logging
@@ -23,21 +22,21 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 from disco import cache as cache_layout
 from disco.models import wheels
+from disco.models.cache_files import (  # noqa: F401 - dir_size, LOCK_NAME: part of this module's API
+    LOCK_NAME, TMP_PREFIX, dir_size, locked as _locked, swap_into_place,
+)
 from disco.models.wheels import (  # noqa: F401 - the installer's API, in one place
     EmbeddedError, ModelSpec, _corrupt, _scan_parts, _spec, damaged_parts, join_parts, locate_parts,
 )
 
 MARKER_NAME = "disco-ready.json"
 MARKER_FORMAT = 1
-LOCK_NAME = ".lock"
-TMP_PREFIX = ".tmp-"
 GGUF_SUBDIR = "gguf"
 SAVE_DTYPE = "bfloat16"
 
@@ -64,43 +63,9 @@ def _adopt_old_layout(cache_root: Path, role: str, table) -> None:
     old, new = cache_root / role, model_dir(role, cache_root)
     if not is_ready(new, role, table) and is_ready(old, role, table):
         try:
-            _swap_into_place(old, new)
+            swap_into_place(old, new)
         except OSError as exc:  # the old folder stays where it was: nothing is lost, it is converted again
             _log.warning("could not move %s to %s (%s)", old, new, exc.strerror or exc)
-
-
-def _swap_into_place(source: Path, target: Path) -> None:
-    """Rename ``source`` to ``target``; an earlier ``target`` (outdated or broken) is moved aside first and deleted
-    only once ``source`` is in place, and put back if the rename fails: a failed rename never deletes data."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    aside = target.with_name(f"{TMP_PREFIX}replaced-{target.name}-{os.getpid()}") if target.exists() else None
-    if aside is not None:
-        os.rename(target, aside)
-    try:
-        os.rename(source, target)
-    except OSError:
-        if aside is not None:
-            os.rename(aside, target)
-        raise
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-
-
-def dir_size(path: str | os.PathLike[str]) -> int:
-    """Total bytes of the regular files under ``path`` (0 if it does not exist)."""
-    root = Path(path)
-    if root.is_file():
-        return root.stat().st_size
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            p = Path(dirpath, name)
-            if not p.is_symlink():
-                total += p.stat().st_size
-    return total
-
-
-# --------------------------------------------------------------------------- conversion
 
 
 def read_marker(folder: Path) -> dict | None:
@@ -208,7 +173,7 @@ def convert(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     try:
-        _swap_into_place(tmp, out_dir)  # an outdated or broken earlier attempt is replaced only once this is in place
+        swap_into_place(tmp, out_dir)  # an outdated or broken earlier attempt is replaced only once this is in place
     except OSError as exc:  # the complete conversion stays in tmp; the next prepare adopts it (``_sweep_stale``)
         raise EmbeddedError(f"converted {role} into {tmp} but could not move it to {out_dir}: "
                             f"{exc.strerror or exc}; the next start adopts it") from None
@@ -216,27 +181,6 @@ def convert(
 
 
 # --------------------------------------------------------------------------- prepare
-
-
-@contextmanager
-def _locked(cache: Path, log: Log, wait: bool = True) -> Iterator[bool]:
-    """Hold an exclusive flock on ``<cache>/.lock``; yields False if ``wait`` is off and it is busy."""
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / LOCK_NAME, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            got = True
-        except BlockingIOError:
-            got = False
-        if not got and wait:
-            log(f"[disco] another process is preparing models in {cache}; waiting for it ...")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            got = True
-        try:
-            yield got
-        finally:
-            if got:
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _sweep_stale(cache: Path, log: Log, table: Mapping[str, ModelSpec] | None = None) -> None:
@@ -249,7 +193,7 @@ def _sweep_stale(cache: Path, log: Log, table: Mapping[str, ModelSpec] | None = 
         target = model_dir(role, cache) if role else None
         if role and is_ready(tmp, role, table) and not is_ready(target, role, table):
             try:
-                _swap_into_place(tmp, target)
+                swap_into_place(tmp, target)
                 log(f"[disco] adopted the complete conversion {tmp.name} as {target}")
                 continue
             except OSError as exc:

@@ -147,7 +147,7 @@ def test_a_conversion_that_cannot_be_moved_into_place_is_kept_and_adopted(monkey
     real_rename = os.rename
     monkeypatch.setattr(embedded.os, "rename", lambda a, b: (_ for _ in ()).throw(OSError(18, "cross-device")))
     with pytest.raises(OSError):
-        embedded._swap_into_place(done, target)
+        embedded.swap_into_place(done, target)
     assert (done / "weights.safetensors").exists()  # nothing deleted
     monkeypatch.setattr(embedded.os, "rename", real_rename)
     monkeypatch.setattr(embedded, "is_ready", lambda folder, role, table=None: Path(folder).name.startswith(".tmp-")
