@@ -152,10 +152,13 @@ def lanes_html(lanes: list[Policy], tokens: pd.DataFrame | None, summaries: list
 
 
 SUMMARY_COLUMNS = ["lane", "assistant", "new tokens", "time (s)", "tokens/s", "speed-up", "acceptance", "mean lookahead",
-                   "target passes", "draft passes", "TTFT (ms)", "same as baseline"]
+                   "target passes", "draft passes", "TTFT (ms)", "same as baseline", "quiet-cost time (s)",
+                   "quiet-cost speed-up"]
 
 
-def summary_frame(summaries: list[dict] | None) -> pd.DataFrame:
+def summary_frame(summaries: list[dict] | None, quiet=None) -> pd.DataFrame:
+    """The summary table; ``quiet`` (``disco.app.quiet.QuietCheck``) adds what each lane's iterations cost on this
+    machine when quiet, and the speed-up from those costs."""
     rows = []
     for s in summaries or []:
         same = s.get("identical_to_autoregressive")
@@ -166,5 +169,7 @@ def summary_frame(summaries: list[dict] | None) -> pd.DataFrame:
             fmt(s.get("mean_lookahead"), ".2f"),
             int(s["target_calls"]), int(s["draft_calls"]), fmt(s.get("ttft_ms"), ".0f"),
             "—" if same is None else ("yes" if same else "no: " + (divergence.short(s.get("divergence")) or "differs")),
+            fmt(quiet.quiet_s.get(s["strategy"]) if quiet else None, ".2f"),
+            times(quiet.speedup(s["strategy"], "autoregressive") if quiet else None),
         ])
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)

@@ -18,7 +18,7 @@ import gradio as gr
 import pandas as pd
 
 from disco import limits
-from disco.app import plots
+from disco.app import plots, quiet
 from disco.app.lanes import lanes_html, summary_frame
 from disco.app.session import COMPUTE_LOCK, write_csvs
 from disco.policies.export import take_away, take_away_md
@@ -186,7 +186,8 @@ def empty_lanes_html(message: str = "press Run to start") -> str:
 # the run
 
 
-def _status(snapshot, summaries: list[dict], wall: float, final: bool, notes: list[str], stopped: bool = False) -> str:
+def _status(snapshot, summaries: list[dict], wall: float, final: bool, notes: list[str], stopped: bool = False,
+            quiet=None) -> str:
     by = {s["strategy"]: s for s in summaries}
     meta = snapshot.meta
     mode = "greedy" if not snapshot.settings.sample else (
@@ -201,14 +202,17 @@ def _status(snapshot, summaries: list[dict], wall: float, final: bool, notes: li
                 f"press **Run** to start again  \n<small>{where}</small>")
     if not final:
         return f"● **Running** ({wall:.1f} s) · {progress}  \n<small>{where}</small>"
-    parts = []
+    parts, live = [], []
     base = by.get(AUTOREGRESSIVE)
+    busy = quiet is not None and quiet.busy
     for s in snapshot.strategies:
         if s == AUTOREGRESSIVE:
             continue
         row = by[s]
         if base is not None and not pd.isna(row["speedup"]):
-            parts.append(f"`{s}` **{row['speedup']:.2f}×**")
+            shown = quiet.speedup(s, AUTOREGRESSIVE) if busy else row["speedup"]
+            parts.append(f"`{s}` **{shown:.2f}×**" if shown == shown else f"`{s}` {row['speedup']:.2f}× (live)")
+            live.append(f"`{s}` {row['speedup']:.2f}×")
     checks = [by[s]["identical_to_autoregressive"] for s in snapshot.strategies if s != AUTOREGRESSIVE]
     if snapshot.settings.sample:
         same = "sampled: texts may differ from the baseline, the distribution is the target's"
@@ -225,22 +229,28 @@ def _status(snapshot, summaries: list[dict], wall: float, final: bool, notes: li
         else:
             same += " (bf16 rounding of an almost-tied choice; marked in the lane)"
     speed = (" · speed-up vs autoregressive: " + ", ".join(parts)) if parts else ""
+    if busy and parts:  # the live clocks were not the machine's: say so, and which figure the headline is
+        speed += (f" (from this machine's quiet pass costs: ⚠ the machine was busy during the race, a lane's live "
+                  f"time was {100 * quiet.worst():+.0f} % off its quiet cost; live: {', '.join(live)})")
+    elif quiet is not None and parts:
+        speed += " (live; within 10 % of this machine's quiet pass costs)"
     extra = "".join(f" · {n}" for n in notes)
     return f"✓ **Done** in {wall:.1f} s{speed} · {same}{extra}  \n<small>{where}</small>"
 
 
 def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None, files=(None, None, None),
-           figures: bool = True, stopped: bool = False) -> tuple:
+           figures: bool = True, stopped: bool = False, quiet=None) -> tuple:
     """All of the page's outputs for one snapshot, in OUTPUT_LABELS order (``gr.skip()`` for what is unchanged:
-    the CSV files until the end, the figures when ``figures`` is false)."""
+    the CSV files until the end, the figures when ``figures`` is false). ``quiet``: the final race's quiet-cost
+    check (``disco.app.quiet``)."""
     frame = snapshot.iterations()
     summaries = snapshot.summaries(frame)
     figs = plots.all_figures(frame, snapshot.strategies) if figures or final else (gr.skip(),) * 5
     return (
-        _status(snapshot, summaries, wall, final, notes, stopped),
+        _status(snapshot, summaries, wall, final, notes, stopped, quiet),
         lanes_html([d.policy for d in snapshot.decoders], snapshot.tokens(), summaries, decode),
         *figs,
-        summary_frame(summaries),
+        summary_frame(summaries, quiet),
         *(path if final else gr.skip() for path in files),
     )
 
@@ -333,8 +343,10 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
     if snapshot is None:
         raise gr.Error("the run produced no iterations")
     files = write_csvs(snapshot)
+    checked = quiet.check(snapshot.decoders, get_profile() if get_profile is not None else None,
+                          getattr(pair, "assistant_precision", None)) if not stopped else None
     out = render(snapshot, final=True, wall=time.perf_counter() - start, notes=notes, decode=decode, files=files,
-                 stopped=stopped)
+                 stopped=stopped, quiet=checked)
     auto = [lane_policy(AUTO, assistant=a, profile=prof) for lane, a in ((lane_a, lane_a_assistant),
                                                                           (lane_b, lane_b_assistant))
             if str(lane).strip() == AUTO]

@@ -165,6 +165,22 @@ def validation_outcome(val: pd.DataFrame) -> dict:
     }
 
 
+QUIET_TOLERANCE = 0.10  # a timed run whose own clock is this far off its quiet pass costs ran on a busy machine
+
+
+def quiet_outcome(runs: pd.DataFrame) -> dict:
+    """How many timed runs of ours kept to this machine's quiet pass costs (``live_over_quiet`` within 10 %)."""
+    if runs.empty or "live_over_quiet" not in runs:
+        return {"checked": 0}
+    ratio = pd.to_numeric(runs.loc[(runs["mode"] == "timed") & (runs["implementation"] == "ours"), "live_over_quiet"],
+                          errors="coerce").dropna()
+    if ratio.empty:
+        return {"checked": 0}
+    off = ratio[(ratio - 1).abs() > QUIET_TOLERANCE]
+    return {"checked": int(len(ratio)), "busy": int(len(off)), "median": float(ratio.median()),
+            "worst": float(ratio.iloc[(ratio - 1).abs().argmax()])}
+
+
 def peer_frame(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Ours against the engine's peer on the same settings (timed prompts only): transformers' generate (whole calls)
     or llama.cpp's own programs (the decode phase: its rate, as seconds for the same number of tokens)."""

@@ -147,6 +147,15 @@ def _llama_row(pair, prompt, spec, runs, measured, base, max_new_tokens, meta, p
                    peer_command=first.get("command", ""))
 
 
+def quiet_columns(records, costs) -> dict:
+    """A timed run's own clock beside what its iterations cost under this machine's measured (quiet) pass costs:
+    ``live_over_quiet`` far from 1 says the machine was busy while it ran (``disco.app.quiet``, the same check)."""
+    if costs is None or not records:
+        return {"quiet_seconds": math.nan, "live_over_quiet": math.nan}
+    quiet = costs.records_ms(records) / 1000.0
+    return {"quiet_seconds": quiet, "live_over_quiet": records[-1].elapsed_ms / 1000.0 / quiet if quiet else math.nan}
+
+
 def timed_prompt(pair, prompt: SuitePrompt, ids: list[int], policies: list[Policy], max_new_tokens: int, meta: dict,
                  reps: int = 1, reference: list[int] | None = None, peer: bool = True, order_offset: int = 0,
                  costs=None) -> tuple[list[dict], list]:
@@ -195,7 +204,8 @@ def timed_prompt(pair, prompt: SuitePrompt, ids: list[int], policies: list[Polic
                 div = explain_divergence(base["ours"][0]["tokens"], first["tokens"], first["dtype"])
             rows.append(run_row(prompt, spec, "timed", "ours", s, identical, ar_seconds, meta,
                              prompt_tokens=len(ids), reps=len(runs),
-                             divergence=div["kind"] if div else "", divergence_detail=divergence_short(div)))
+                             divergence=div["kind"] if div else "", divergence_detail=divergence_short(div),
+                             **quiet_columns(first["records"], costs)))
         else:
             ours_out = measured.get(("ours", spec), [{}])[0].get("output_ids")
             new_tokens = len(first["output_ids"])

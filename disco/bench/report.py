@@ -22,8 +22,8 @@ from disco.policies import AUTOREGRESSIVE, STATIC_KS
 from disco.suites import BUILTIN_KINDS as KINDS
 from disco.text import fmt as _fmt
 from disco.bench.analysis import (
-    REFERENCE_SETTING, add_decode_speedup, best_settings, engine_frame, overall_rows, peer_frame, summarize_runs, theory_frame,
-    validation_frame, validation_outcome,
+    REFERENCE_SETTING, add_decode_speedup, best_settings, engine_frame, overall_rows, peer_frame, quiet_outcome,
+    summarize_runs, theory_frame, validation_frame, validation_outcome,
 )
 
 
@@ -252,6 +252,13 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
                       "in each call), so a near-tied draft token can differ and an iteration accepts one token more "
                       "or less. The target decides the text, which is why it does not change. In fp32, replay "
                       "matches the engine exactly (tests/unit/test_replay.py)."]
+    quiet = meta.get("quiet") or {}
+    if quiet.get("checked"):
+        parts += ["", f"Quiet-cost check: {quiet['checked'] - quiet['busy']} of {quiet['checked']} timed runs took "
+                      f"within ±10 % of what their own iterations cost under the per-pass costs measured here (median "
+                      f"live ÷ quiet {quiet['median']:.3f}, furthest {quiet['worst']:.3f})"
+                  + ("; the others ran while the machine was busy (runs.csv: live_over_quiet), so their speed-ups "
+                     "are not this machine's." if quiet["busy"] else ".")]
     parts += ["", f"Wall time of this benchmark: {_fmt(meta.get('wall_seconds'), '.0f')} s.", ""]
     return "\n".join(parts)
 
@@ -274,6 +281,7 @@ def write_reports(out: Path, runs: pd.DataFrame, meta: dict, theory: pd.DataFram
     spec_rows = timed_ours[timed_ours["strategy"] != AUTOREGRESSIVE] if not timed_ours.empty else timed_ours
     meta["overhead_pct_mean"] = float(pd.to_numeric(spec_rows["overhead_pct"], errors="coerce").mean()) if not spec_rows.empty else math.nan
     meta["validation"] = validation
+    meta["quiet"] = quiet_outcome(runs_df)
     meta["ours_over_hf_total"] = (float(peers["seconds_ours"].sum() / peers["seconds_hf"].sum())
                                   if not peers.empty else math.nan)
     spec_peers = peers[peers["strategy"] != AUTOREGRESSIVE] if not peers.empty else peers

@@ -40,7 +40,7 @@ ROW_COLUMNS = ["prompt_id", "kind", "split", "strategy", "temperature", "seed", 
 
 def modelled_ms(records, costs: CostModel) -> float:
     """A run's time under ``costs``, from its own iteration records."""
-    return sum(costs.iteration_ms(r.target_tokens, r.draft_calls, r.assistant_tokens) for r in records)
+    return costs.records_ms(records)
 
 
 def run_one(pair, ids: list[int], policy: Policy, max_new_tokens: int, temperature: float, seed: int, top_p: float,

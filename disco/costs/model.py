@@ -72,6 +72,11 @@ class CostModel:
             ms += self.assistant_ms(assistant_tokens - (draft_calls - 1)) + (draft_calls - 1) * self.assistant_ms(1)
         return ms
 
+    def records_ms(self, records) -> float:
+        """What a run's iterations cost under this model: its own records (pass sizes), costed as replay costs them.
+        Beside a live run's clock, it says whether the machine ran the passes at its measured, quiet speed."""
+        return sum(self.iteration_ms(r.target_tokens, r.draft_calls, r.assistant_tokens) for r in records)
+
     @property
     def cost_ratio(self) -> float:
         """c = t_draft / t_target for one token (Leviathan et al.)."""

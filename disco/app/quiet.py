@@ -1,0 +1,63 @@
+"""Race figures that are the machine's: each lane's live time beside what its own iterations cost on this machine
+when quiet (this machine's measured pass costs, the This-machine tab's profile, applied to the lane's records: every
+pass size is known), so a race run while something else used the cores (a browser rendering the page on the same
+two cores, another job) is flagged and its headline taken from the figure that is true.
+
+Why it matters (issue 27, measured on a 2-core Xeon): with Chromium on the same machine the page showed the target
+alone at 4.6 tokens/s and ``static:5`` at 1.60x, where the command line gives 9.03 tokens/s and 0.99x: a pass loses
+about the same absolute time to a busy core whatever its size, so the lane with the most passes (the target alone)
+loses most and every speculative lane looks faster than it is. The quiet-cost figure does not move with the load.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+TOLERANCE = 0.10  # a lane whose live time is more than 10 % off its quiet cost ran on a busy (or different) machine
+
+
+@dataclass
+class QuietCheck:
+    live_s: dict[str, float] = field(default_factory=dict)    # each lane's own clock
+    quiet_s: dict[str, float] = field(default_factory=dict)   # its records under this machine's measured pass costs
+
+    def ratio(self, strategy: str) -> float:
+        q = self.quiet_s.get(strategy)
+        return self.live_s[strategy] / q if q and q > 0 else math.nan
+
+    @property
+    def busy(self) -> bool:
+        """A lane took more than ``TOLERANCE`` longer or shorter than its quiet cost."""
+        return any(abs(self.ratio(s) - 1) > TOLERANCE for s in self.quiet_s if self.ratio(s) == self.ratio(s))
+
+    def speedup(self, strategy: str, baseline: str) -> float:
+        """The quiet-cost speed-up of a lane over the baseline (NaN where either was not costed)."""
+        a, b = self.quiet_s.get(baseline), self.quiet_s.get(strategy)
+        return a / b if a and b else math.nan
+
+    def worst(self) -> float:
+        """The largest relative departure from the quiet cost, signed (+0.8 = 80 % slower than quiet)."""
+        ratios = [self.ratio(s) - 1 for s in self.quiet_s if self.ratio(s) == self.ratio(s)]
+        return max(ratios, key=abs) if ratios else math.nan
+
+
+def check(decoders, profile, default_precision: str | None) -> QuietCheck | None:
+    """The quiet-cost check of a race's lanes (None without this machine's profile for the engine, e.g. while it is
+    still measured). A lane drafting with an assistant the profile did not measure is left out."""
+    if profile is None:
+        return None
+    out = QuietCheck()
+    for d in decoders:
+        if not d.records:
+            continue
+        out.live_s[d.strategy] = d.records[-1].elapsed_ms / 1000.0
+        precision = getattr(d.policy, "assistant_precision", None) or default_precision
+        try:
+            costs = profile.cost_model(precision if precision in profile.precisions else profile.precisions[0])
+        except (KeyError, IndexError, AttributeError):
+            continue
+        if d.policy.drafts and d.policy.uses_assistant and precision not in profile.precisions:
+            continue
+        out.quiet_s[d.strategy] = costs.records_ms(d.records) / 1000.0
+    return out if out.quiet_s else None
