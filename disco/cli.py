@@ -75,7 +75,15 @@ def resolve_lanes(strategies: list[str], pair, models: str) -> list[Policy]:
 JSON_FIELDS = ["strategy", "text", "new_tokens", "seconds", "tokens_per_s", "speedup", "target_calls", "draft_calls",
                "acceptance_rate", "mean_lookahead", "ttft_ms", "decode_tokens_per_s", "iterations", "drafted", "accepted",
                "overhead_pct", "identical_to_autoregressive", "divergence", "finish_reason", "models", "target", "assistant",
-               "dtype", "device", "assistant_precision", "prompt_tokens", "chat", "max_new_tokens", "sample", "temperature", "top_p", "seed"]
+               "dtype", "device", "assistant_precision", "prompt_tokens", "chat", "max_new_tokens", "sample", "temperature", "top_p", "seed",
+               "engine", "kernels"]
+
+
+def kernels(info: dict) -> str:
+    """Which kernels ran the models: llama.cpp's exact (batch-invariant) ones or its defaults, or torch's dtype."""
+    if info.get("engine") == "llamacpp":
+        return "llama.cpp exact" if info.get("exact") else "llama.cpp default"
+    return f"torch {info.get('dtype', '?')}"
 
 
 def _diverged(div: dict | None) -> str:
@@ -141,8 +149,10 @@ def cmd_generate(args) -> int:
     if args.tokens_csv:
         final.export_tokens().to_csv(args.tokens_csv, index=False)
     if args.json:
+        run = {"engine": pair.describe().get("engine", "torch"), "kernels": kernels(pair.describe())}
         for s in summaries:
-            print(json.dumps({k: options.json_safe(s.get(k)) for k in JSON_FIELDS}, ensure_ascii=False))
+            row = {**run, **s}
+            print(json.dumps({k: options.json_safe(row.get(k)) for k in JSON_FIELDS}, ensure_ascii=False))
         return 0
     meta = final.meta
     print(f"models: {meta['target']} + {meta['assistant']}  ({meta['dtype']}, {meta['device']}); "

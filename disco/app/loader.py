@@ -15,7 +15,7 @@ from disco.app.session import COMPUTE_LOCK
 from disco.bench import machine_profile
 from disco.costs import profile
 from disco.errors import InputError, Interrupted
-from disco.models import ModelLoadError, background, load_pair, memory, resolve_assistant
+from disco.models import ModelLoadError, background, engine_choice, load_pair, memory, resolve_assistant
 from disco.models.load import resolve_engine
 
 log = logging.getLogger("disco.app")
@@ -51,6 +51,8 @@ class ModelLoader:
         self.started = time.perf_counter()
         self._done = threading.Event()
         self._profile_done = threading.Event()
+        self._others_done = threading.Event()
+        self.other_engine_note: str | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> "ModelLoader":
@@ -74,6 +76,7 @@ class ModelLoader:
         finally:
             self._done.set()
         self._measure_profile()
+        self._measure_other_engines()
 
     def _measure_profile(self) -> None:
         try:
@@ -102,6 +105,41 @@ class ModelLoader:
             self.profile_error = f"{type(exc).__name__}: {exc}"
         finally:
             self._profile_done.set()
+
+    def _measure_other_engines(self) -> None:
+        """The other engines this deployment offers, profiled in the background once (taking turns like the app's own
+        profile), so the engine choice is a measurement (``disco.costs.engines``); an engine that needs a conversion
+        first or does not fit the free memory is left out, and the tab says how to measure it."""
+        try:
+            if self.pair is None or not self.profile_enabled or self.profile is None:
+                return
+            for engine in self.engines()[1:]:
+                device = str(self.pair.device)
+                if profile.latest_for(self.spec, engine, device) is not None:
+                    continue
+                try:
+                    check_room(self.spec, engine)
+                except ModelLoadError as exc:
+                    self.other_engine_note = str(exc)
+                    continue
+                self.profile_step = f"loading the {engine} engine's pair to compare the engines"
+                with COMPUTE_LOCK.background:
+                    other = resolve_assistant(load_pair(self.spec, dtype=self.dtype, device=self.device,
+                                                        progress=False, engine=engine, log=lambda m: None),
+                                              self.assistant, log=lambda m: None)
+                self._others.setdefault(engine, other)
+
+                def step(message: str, engine=engine) -> None:
+                    self.profile_step = f"{engine}: {message}"
+                measure = zerogpu.gpu(machine_profile.measure, zerogpu.profile_seconds())
+                profile.save(measure(other, self.spec, log=step, lock=COMPUTE_LOCK.background))
+        except Interrupted:  # the process is exiting
+            pass
+        except Exception as exc:  # the app's own engine works without it; the tab says why
+            log.exception("the other engine's profile failed")
+            self.other_engine_note = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._others_done.set()
 
     def get_profile(self, engine: str | None = None):
         """This machine's profile for ``engine`` (default: the app's), or None while it is measured (or when it
@@ -172,9 +210,15 @@ class ModelLoader:
     def machine_markdown(self) -> str:
         data = self.profile.to_dict() if self.profile is not None else None
         cal = getattr(self.pair, "calibration", None)
+        device = str(getattr(self.pair, "device", "cpu"))
+        measured = [e for e in self.engines() if profile.latest_for(self.spec, e, device) is not None]
+        engines = machine_tab.engines_md(engine_choice.load(self.spec, device), measured, self.engines())
+        if self.other_engine_note and engines:
+            engines += f"  \n<small>The other engine was not measured here: {html.escape(self.other_engine_note)}</small>"
+        busy = not (self._profile_done.is_set() and self._others_done.is_set())
         return machine_tab.markdown(data, cal.to_dict() if cal is not None else None,
-                                    self.profile_step if not self._profile_done.is_set() else None, self.profile_error,
-                                    self.pair.describe() if self.pair is not None else None)
+                                    self.profile_step if busy else None, self.profile_error,
+                                    self.pair.describe() if self.pair is not None else None, engines)
 
     def machine_outputs(self) -> tuple:
         data = self.profile.to_dict() if self.profile is not None else None
@@ -195,7 +239,7 @@ class ModelLoader:
             machine = self.machine_outputs()
         else:
             machine = (gr.skip(), gr.skip(), gr.skip())
-        done = self.ready and self._profile_done.is_set()
+        done = self.ready and self._profile_done.is_set() and self._others_done.is_set()
         return (status if status != shown_status else gr.skip(), *machine, gr.Timer(active=not done))
 
 

@@ -10,8 +10,33 @@ from disco.policies.export import take_away_md
 from disco.text import times as _x
 
 
+def _ms(value) -> str:
+    return "—" if value is None or value != value else f"{float(value):.0f}"
+
+
+def engines_md(decision: dict | None, measured: list[str], offered: list[str]) -> str:
+    """Both engines side by side and the measured choice (``disco.costs.engines.decide``), or how to get it."""
+    if decision is None:
+        missing = [e for e in offered if e not in measured]
+        if not missing:
+            return ""
+        names = " and ".join(f"`{e}`" for e in missing)
+        return (f"**Engines:** only {', '.join(measured) or 'none'} measured here. `python -m disco profile --engine "
+                f"{missing[0]}` measures {names} (for the embedded pair on torch the first time converts it to bf16: "
+                "about 2.5 minutes and 8.6 GiB); the `auto` engine then follows the faster one.")
+    run = decision["for_run"]
+    rows = ["| engine | target step (ms) | best lane | its speed-up | decode (ms a token) | prefill (ms a prompt "
+            f"token) | a {run['prompt_tokens']} + {run['new_tokens']}-token run (s) |", "|---|---|---|---|---|---|---|"]
+    for e, f in decision["engines"].items():
+        mark = " ◀" if e == decision["engine"] else ""
+        rows.append(f"| {e}{mark} | {_ms(f['step_ms'])} | `{f['lane']}` | {_x(f['lane_speedup'])} | "
+                    f"{f['decode_ms_per_token']:.0f} | {f['prefill_ms_per_token']:.1f} | {f['run_ms'] / 1000:.2f} |")
+    return (f"**Engines measured on this machine** (the `auto` engine runs the faster): {decision['reason']}"
+            + "\n\n" + "\n".join(rows))
+
+
 def markdown(profile: dict | None, calibration: dict | None, step: str | None, error: str | None,
-             pair: dict | None) -> str:
+             pair: dict | None, engines: str = "") -> str:
     parts = []
     if profile is not None:
         parts.append(f"**Machine:** {html.escape(profile['machine'])}, torch {profile['key']['torch']}")
@@ -22,9 +47,9 @@ def markdown(profile: dict | None, calibration: dict | None, step: str | None, e
                 "|---|---|---|---|"]
         for d, t in calibration["target_ms"].items():
             pred = calibration["predicted"].get(d, {})
-            rows.append(f"| {d} | {float(t['1']):.0f} / {float(t['4']):.0f} / {float(t['8']):.0f} | "
-                        f"{calibration['assistant_ms'].get(d, math.nan):.0f} | "
-                        f"{pred.get('ms_per_token', math.nan):.0f} (K={pred.get('k')}, {pred.get('assistant')}) |")
+            best = f" (K={pred['k']}, {pred.get('assistant')})" if pred.get("k") is not None else ""
+            rows.append(f"| {d} | {_ms(t.get('1'))} / {_ms(t.get('4'))} / {_ms(t.get('8'))} | "
+                        f"{_ms(calibration['assistant_ms'].get(d))} | {_ms(pred.get('ms_per_token'))}{best} |")
         if "int8" in calibration["assistant_ms"]:
             rows.append(f"| int8 assistant | | {calibration['assistant_ms']['int8']:.0f} | |")
         parts.append("\n".join(rows))
@@ -64,6 +89,10 @@ def markdown(profile: dict | None, calibration: dict | None, step: str | None, e
         parts.append(f"The best speculative setting, `{rec['best_speculative']}`, reaches "
                      f"{_x(rec.get('best_speculative_speedup'))}: on this machine verifying each extra token costs "
                      "almost as much as a target step (see the chart), so the `auto` lane runs the target alone.")
+    if engines:
+        parts.append(engines)
+    if step and not profile.get("preliminary"):  # the background is still at work: comparing the engines
+        parts.append(f"○ {html.escape(step)}")
     for settings in profile.get("take_away") or ():
         parts.append(take_away_md(settings))
     return "\n\n".join(parts)

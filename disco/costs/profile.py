@@ -276,8 +276,15 @@ def latest_for(models: str, engine: str, device: str = "cpu", root=None) -> Prof
 
 
 def save(profile: Profile, root=None) -> Path | None:
+    """Keep the profile; once both engines have one for this pair, the measured engine choice is decided anew
+    (``disco.costs.engines``: what ``--engine auto`` then runs)."""
     path = path_for(profile.key, profile.dtype, profile.prompts, profile.max_new_tokens, root)
-    return cache.write_json(path, profile.to_dict())
+    written = cache.write_json(path, profile.to_dict())
+    if root is None and not profile.preliminary:
+        from disco.costs import engines
+
+        engines.update(profile.key.get("models", ""), profile.key.get("device", "cpu"))
+    return written
 
 
 def auto_policy(profile: Profile | None, assistant: str | None = None):

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from disco import hub
+from disco.models import engine_choice
 from disco.errors import first_line
 from disco.models.pair import ModelLoadError, ModelPair
 from disco.models.tiny import build_tiny_models, build_tiny_tokenizer
@@ -51,7 +52,10 @@ def resolve_engine(engine: str | None, spec: str, device: str = "auto", dtype: s
     cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     if engine == "auto":
         if gguf and cpu and dtype == "auto" and llama.available() is None:
-            return "llamacpp"
+            # both engines can run it: the engine measured fastest on this machine (once both were profiled), else
+            # llama.cpp (the engine a CPU user runs GGUF files with)
+            measured = engine_choice.load(spec) if spec == EMBEDDED else None
+            return measured["engine"] if measured else "llamacpp"
         engine = "llamacpp" if is_gguf_pair(spec) else "torch"  # two GGUF files run on llama.cpp only
     if engine == "llamacpp":
         if not gguf:

@@ -44,6 +44,7 @@ def test_generate_json_and_csv_contracts(tmp_path):
         assert r["identical_to_autoregressive"] is True
         assert r["new_tokens"] == 40 or r["finish_reason"] == "eos"
         assert r["dtype"] == "fp32" and r["device"] == "cpu"
+        assert r["engine"] == "torch" and r["kernels"] == "torch fp32"  # every row names what ran it
     assert len({r["text"] for r in rows}) == 1
     assert rows[0]["speedup"] == 1.0 and rows[0]["draft_calls"] == 0
 
