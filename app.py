@@ -37,7 +37,7 @@ def build_demo(models: str | None = None) -> gr.Blocks:
         yield from ui.compare(loader.get, prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens,
                               baseline, chat, sample, temperature, top_p, seed, lane_a_assistant, lane_b_assistant,
                               engine, should_stop=stops.for_request(request),
-                              get_profile=lambda: loader.get_profile(engine))
+                              get_profile=lambda: loader.get_profile(ui.engine_name(engine)))
 
     budgets = limits.Budgets.from_env()
     compare = zerogpu.gpu(compare, budgets.run_s)  # a no-op off a ZeroGPU Space
@@ -164,22 +164,18 @@ def quiet_queue(demo: gr.Blocks) -> gr.Blocks:
     return demo
 
 
-def upload_limit() -> int:
-    """The largest file a visitor may upload, in bytes (``DISCO_MAX_UPLOAD_MB``, default 8: a suite or a cost CSV);
-    Gradio refuses bigger ones before they reach the app."""
-    return int(limits.env_number("DISCO_MAX_UPLOAD_MB", 8, float, 0.001) * 1024 * 1024)
-
-
 def launch_kwargs() -> dict:
     # show_error: Gradio's own input checks (a slider given "abc") reach the caller as their one-line message
     # instead of a generic "has raised an exception"; our handlers turn everything else into one line themselves
-    return {"theme": THEME, "css": PAGE_CSS, "show_error": True, "max_file_size": upload_limit()}
+    return {"theme": THEME, "css": PAGE_CSS, "show_error": True, "max_file_size": limits.upload_limit()}
 
 
 def queued(demo: gr.Blocks) -> gr.Blocks:
     """The app's queue: one run at a time (timings never share the CPU), at most ``DISCO_QUEUE_MAX`` runs waiting
     (``disco.app.visitors``), polled slowly when idle."""
-    return quiet_queue(demo.queue(default_concurrency_limit=1, max_size=QueueRules.from_env().max_size))
+    # api_open=False: Gradio's direct REST routes would skip the queue (and so the one-run-per-visitor check)
+    return quiet_queue(demo.queue(default_concurrency_limit=1, max_size=QueueRules.from_env().max_size,
+                                  api_open=False))
 
 
 def check_operator_settings() -> None:
@@ -192,7 +188,7 @@ def check_operator_settings() -> None:
     offered_engines()
     llama.threads()
     llama.n_ctx()
-    upload_limit()
+    limits.upload_limit()
 
 
 def main() -> int:

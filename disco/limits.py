@@ -89,6 +89,12 @@ def as_int(value, what: str) -> int:
     return int(number)
 
 
+def upload_limit() -> int:
+    """The largest file a visitor may upload, in bytes (``DISCO_MAX_UPLOAD_MB``, default 8: a suite or a cost CSV);
+    Gradio refuses bigger ones before they reach the app."""
+    return int(env_number("DISCO_MAX_UPLOAD_MB", 8, float, 0.001) * 1024 * 1024)
+
+
 def as_text(value, what: str) -> str:
     """A text input as given (None: empty); anything else (a number, a list, an object) is refused in one line."""
     if value is None:

@@ -103,10 +103,11 @@ def lane_numbers(summary: dict, base: dict | None) -> dict:
     elif missing(speedup) and base is not None and (base.get("tokens_per_s") or 0) > 0:
         speedup, approx = (summary.get("tokens_per_s") or 0.0) / base["tokens_per_s"], "≈"
     rate = summary.get("acceptance_rate")
+    quiet = " quiet" if summary.get("quiet") else ""  # figures from this machine's quiet pass costs (a busy race)
     return {
         "new tokens": fmt(summary.get("new_tokens"), "d"),
-        "tokens/s": fmt(summary.get("tokens_per_s"), ".1f"),
-        "speed-up": "—" if missing(speedup) or not speedup else f"{approx}{speedup:.2f}×",
+        "tokens/s": fmt(summary.get("tokens_per_s"), ".1f") + quiet,
+        "speed-up": "—" if missing(speedup) or not speedup else f"{approx}{speedup:.2f}×{quiet}",
         "acceptance": "—" if missing(rate) else f"{100 * rate:.0f} %",
         "mean lookahead": "0" if baseline else fmt(summary.get("mean_lookahead"), ".1f"),
         "target passes": fmt(summary.get("target_calls"), "d"),

@@ -53,6 +53,7 @@ class ModelLoader:
         self._profile_done = threading.Event()
         self._others_done = threading.Event()
         self.other_engine_note: str | None = None
+        self._figures: tuple | None = None  # (the tab's text, its two figures): drawn once per text
         self._thread: threading.Thread | None = None
 
     def start(self) -> "ModelLoader":
@@ -117,17 +118,19 @@ class ModelLoader:
                 device = str(self.pair.device)
                 if profile.latest_for(self.spec, engine, device) is not None:
                     continue
-                try:
-                    check_room(self.spec, engine)
-                except ModelLoadError as exc:
-                    self.other_engine_note = str(exc)
-                    continue
                 self.profile_step = f"loading the {engine} engine's pair to compare the engines"
-                with COMPUTE_LOCK.background:
-                    other = resolve_assistant(load_pair(self.spec, dtype=self.dtype, device=self.device,
-                                                        progress=False, engine=engine, log=lambda m: None),
-                                              self.assistant, log=lambda m: None)
-                self._others.setdefault(engine, other)
+                with self._others_lock:  # one load of a pair, whether a visitor's run or this asks for it first
+                    if engine not in self._others:
+                        try:
+                            check_room(self.spec, engine)
+                        except ModelLoadError as exc:
+                            self.other_engine_note = str(exc)
+                            continue
+                        with COMPUTE_LOCK.background:
+                            self._others[engine] = resolve_assistant(
+                                load_pair(self.spec, dtype=self.dtype, device=self.device, progress=False,
+                                          engine=engine, log=lambda m: None), self.assistant, log=lambda m: None)
+                other = self._others[engine]
 
                 def step(message: str, engine=engine) -> None:
                     self.profile_step = f"{engine}: {message}"
@@ -220,12 +223,18 @@ class ModelLoader:
                                     self.profile_step if busy else None, self.profile_error,
                                     self.pair.describe() if self.pair is not None else None, engines)
 
-    def machine_outputs(self) -> tuple:
-        data = self.profile.to_dict() if self.profile is not None else None
-        # every engine measured on this machine draws its verification curve (the other one from its cached profile)
-        others = [p.to_dict() for e in self.engines() if e != self.engine
-                  for p in [profile.latest_for(self.spec, e)] if p is not None]
-        return self.machine_markdown(), plots.machine_cost_figure(data, others), plots.machine_speedup_figure(data)
+    def machine_outputs(self, md: str | None = None) -> tuple:
+        """The tab's text and figures; the figures are drawn once per text (a caller cannot make the app redraw them
+        by asking again)."""
+        md = md if md is not None else self.machine_markdown()
+        cached = self._figures
+        if cached is None or cached[0] != md:
+            data = self.profile.to_dict() if self.profile is not None else None
+            # every engine measured here draws its verification curve (the other one from its cached profile)
+            others = [p.to_dict() for e in self.engines() if e != self.engine
+                      for p in [profile.latest_for(self.spec, e)] if p is not None]
+            self._figures = cached = (md, plots.machine_cost_figure(data, others), plots.machine_speedup_figure(data))
+        return cached
 
     def poll(self, shown_status: str | None = None, shown_machine: str | None = None) -> tuple:
         """For the page's timer (and its first load): the status line and the This-machine tab, each sent only when
@@ -236,7 +245,7 @@ class ModelLoader:
         status = self.status()
         md = self.machine_markdown()
         if md != shown_machine:
-            machine = self.machine_outputs()
+            machine = self.machine_outputs(md)
         else:
             machine = (gr.skip(), gr.skip(), gr.skip())
         done = self.ready and self._profile_done.is_set() and self._others_done.is_set()

@@ -246,9 +246,14 @@ def render(snapshot, *, final: bool, wall: float, notes: list[str], decode=None,
     frame = snapshot.iterations()
     summaries = snapshot.summaries(frame)
     figs = plots.all_figures(frame, snapshot.strategies) if figures or final else (gr.skip(),) * 5
+    cards = summaries
+    if quiet is not None and quiet.busy:  # the lanes' cards lead with the true figures too, marked "quiet"
+        cards = [dict(s, speedup=quiet.speedup(s["strategy"], AUTOREGRESSIVE),
+                      tokens_per_s=s["new_tokens"] / quiet.quiet_s[s["strategy"]], quiet=True)
+                 if quiet.quiet_s.get(s["strategy"]) else s for s in summaries]
     return (
         _status(snapshot, summaries, wall, final, notes, stopped, quiet),
-        lanes_html([d.policy for d in snapshot.decoders], snapshot.tokens(), summaries, decode),
+        lanes_html([d.policy for d in snapshot.decoders], snapshot.tokens(), cards, decode),
         *figs,
         summary_frame(summaries, quiet),
         *(path if final else gr.skip() for path in files),
@@ -281,7 +286,7 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
     """
     start = time.perf_counter()
     try:
-        engine = (str(engine).strip().lower() if engine is not None else DEFAULT_ENGINE) or DEFAULT_ENGINE
+        engine = engine_name(engine)
         if engine not in ENGINE_CHOICES:
             raise InputError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINE_CHOICES)}")
         prof = None
@@ -356,6 +361,11 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
         out = (f"{out[0]}\n\n<details><summary>auto's setting for transformers, llama.cpp and vLLM</summary>\n\n"
                f"{block}\n\n</details>", *out[1:])
     yield out
+
+
+def engine_name(engine) -> str:
+    """The engine a run asked for, as the menu spells it (the default when none)."""
+    return (str(engine).strip().lower() if engine is not None else DEFAULT_ENGINE) or DEFAULT_ENGINE
 
 
 def profile_costs(get_profile: Callable[[], object] | None):

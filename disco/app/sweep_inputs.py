@@ -59,6 +59,10 @@ def uploaded(value, what: str) -> str | None:
     from gradio.processing_utils import get_upload_folder
     from gradio.utils import is_in_or_equal
 
-    if not is_in_or_equal(path, get_upload_folder()) or not Path(path).is_file():
+    try:
+        received = is_in_or_equal(path, get_upload_folder()) and Path(path).is_file()
+    except (ValueError, OSError):  # a NUL byte, a name too long: no file Gradio wrote
+        received = False
+    if not received:
         raise BenchError(f"{what}: not a file uploaded to this app")
     return path

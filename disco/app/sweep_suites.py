@@ -1,8 +1,8 @@
 """Which prompts a sweep replays: a suite from the menu (the built-in suite, HumanEval) or an uploaded file (a Spec-Bench
 / MT-Bench ``question.jsonl``, a HumanEval-format file, any JSONL or CSV with a prompt column, or our JSON), then the
 ticked prompts or a seeded sample stratified by kind (``disco.suites``). Uploads are bounded: at most
-``UPLOAD_MAX_BYTES`` on disk (Gradio refuses bigger files before they arrive, ``max_file_size``) and
-``UPLOAD_MAX_PROMPTS`` prompts; the first turn of a multi-turn question (the command line runs every turn)."""
+``DISCO_MAX_UPLOAD_MB`` on disk (Gradio refuses bigger files before they arrive, ``max_file_size``), 32 MB of text
+once decompressed, and ``UPLOAD_MAX_PROMPTS`` prompts; the first turn of a multi-turn question (the command line runs every turn)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from pathlib import Path
 
 from disco import suites
 from disco.errors import BenchError
-from disco.limits import as_int
+from disco.limits import as_int, upload_limit
 
 BUILTIN, HUMANEVAL, UPLOAD = "built-in suite", "HumanEval (164 problems)", "uploaded file"
 MENU = [BUILTIN, HUMANEVAL, UPLOAD]
 SPECS = {BUILTIN: suites.BUILTIN_NAME, HUMANEVAL: suites.HUMANEVAL}
-UPLOAD_MAX_BYTES = 8 * 1024 * 1024
 UPLOAD_MAX_PROMPTS = 5000
+UPLOAD_MAX_TEXT_BYTES = 32 * 1024 * 1024  # an upload's text after gunzip (a small .gz cannot expand past it)
 SAMPLE_MAX = 500        # prompts one sweep's sample may ask for (the work limit still applies)
 CHOICES_SHOWN = 300     # prompts listed for ticking (a sample reaches the rest)
 UPLOAD_TYPES = [".json", ".jsonl", ".csv", ".gz"]
@@ -35,9 +35,11 @@ def load(menu: str | None, upload: str | None) -> suites.Suite:
             size = os.path.getsize(path)
         except OSError:
             raise BenchError("the uploaded suite file is gone; upload it again") from None
-        if size > UPLOAD_MAX_BYTES:
-            raise BenchError(f"the uploaded suite is {size / 1e6:.1f} MB; at most {UPLOAD_MAX_BYTES / 1e6:.0f} MB")
-        return suites.load_suite(str(path), suites.SuiteOptions(max_prompts=UPLOAD_MAX_PROMPTS))
+        if size > upload_limit():
+            raise BenchError(f"the uploaded suite is {size / 1e6:.1f} MB; at most {upload_limit() / 1e6:.1f} MB "
+                             "(DISCO_MAX_UPLOAD_MB)")
+        return suites.load_suite(str(path), suites.SuiteOptions(max_prompts=UPLOAD_MAX_PROMPTS,
+                                                                max_bytes=UPLOAD_MAX_TEXT_BYTES))
     if choice not in SPECS:
         raise BenchError(f"unknown suite {choice[:60]!r}: choose {', '.join(MENU)}")
     return suites.load_suite(SPECS[choice])

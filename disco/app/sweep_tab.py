@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import logging
+import math
 from dataclasses import dataclass
 
 import gradio as gr
@@ -37,6 +38,7 @@ from disco.policies import KMAXES, STATIC_KS, Policy, parse_strategy, policy_cla
 from disco.policies.grids import COARSE_TAUS, default_grid, rule_kinds
 
 log = logging.getLogger("disco.app")
+CSV_EVERY_S = 10.0
 DEFAULT_TAUS = ",".join(format(t, "g") for t in COARSE_TAUS)
 DEFAULT_STATIC = ",".join(str(k) for k in STATIC_KS)
 DEFAULT_KMAXES = ",".join(str(k) for k in KMAXES)
@@ -209,14 +211,19 @@ def _stream(get_pair, records, grid, max_new, profile, should_stop, deadline, pr
     yield ("Loading the models ...", *_skip_all(8))
     pair = get_pair() if callable(get_pair) else get_pair
     progress(0.0, desc="starting")
-    last = None
+    last, written = None, -math.inf
     choices = [(f"{p.id} ({p.kind})", p.id) for p in records]
     with COMPUTE_LOCK:  # takes turns with races and the background profile
         for update in sweep(pair, records, grid, max_new, cost_profile=profile,
                             on_progress=lambda f, msg: progress(f, desc=msg), should_stop=should_stop):
             last = update
-            path = csv_path()
-            update.runs.to_csv(path, index=False)
+            # the CSV grows with every prompt: written every CSV_EVERY_S and at the end, not per prompt (each copy
+            # stays on disk, and Gradio keeps its own for an hour)
+            path = gr.skip()
+            if update.done == update.total or time.perf_counter() - written >= CSV_EVERY_S:
+                path = str(csv_path())
+                update.runs.to_csv(path, index=False)
+                written = time.perf_counter()
             best = best_settings(update.summary)
             strategies = [p.spec for p in grid if p.spec in set(update.summary.get("strategy", []))]
             pick = best.get("best_threshold") or REFERENCE_SETTING
@@ -226,14 +233,18 @@ def _stream(get_pair, records, grid, max_new, profile, should_stop, deadline, pr
             yield (status_line(update.summary, update.done, update.total, time.perf_counter() - start, profile)
                    + fit_words(update), heatmap_figure(update.summary), top_settings(update.summary),
                    gr.update(choices=strategies, value=pick if pick in strategies else None),
-                   gr.update(choices=choices, value=records[0].id), str(path), state, kinds_table(update.runs),
+                   gr.update(choices=choices, value=records[0].id), path, state, kinds_table(update.runs),
                    gr.update(choices=kinds, value=ALL))
     if should_stop() and (last is None or last.done < last.total):
         kept = (f"the {last.done} completed prompt(s) above are kept (CSV included)" if last is not None
                 else "no prompt was completed")
         why = f" ({deadline.reason()})" if deadline.ended_the_run() else ""
+        path = gr.skip()
+        if last is not None:  # every completed prompt in the CSV, however recently the last one was written
+            path = str(csv_path())
+            last.runs.to_csv(path, index=False)
         yield (f"■ **Stopped** after {time.perf_counter() - start:.1f} s{why}: {kept}; press **Run sweep** "
-               "to go on (completed prompts are cached and replay instantly).", *_skip_all(8))
+               "to go on (completed prompts are cached and replay instantly).", *_skip_all(4), path, *_skip_all(3))
     elif last is None:
         yield ("Nothing was replayed.", *_skip_all(8))
 
@@ -333,9 +344,11 @@ def _wire(w: _Widgets, stops, run_sweep, show_detail, redraw, heatmap_of, on_sui
     """The tab's events: Run and Stop, the detail view after a run, re-costing on a new profile, the kind's heatmap,
     a new suite's prompts. Every event that takes the compute turn goes through ``gate`` (one run per visitor,
     refused before it is queued)."""
+    def gated(fn, inputs: list) -> dict:
+        return {"validator": gate.validator_for(fn, len(inputs))} if gate is not None else {}
+
     def compute(fn, inputs: list) -> dict:
-        return {"concurrency_id": "compute",
-                **({"validator": gate.validator_for(fn, len(inputs))} if gate is not None else {})}
+        return {"concurrency_id": "compute", **gated(fn, inputs)}
 
     outputs, detail = w.outputs(), [w.setting, w.detail_prompt, w.state]
     details = [w.detail_plot, w.detail_table]
@@ -353,6 +366,8 @@ def _wire(w: _Widgets, stops, run_sweep, show_detail, redraw, heatmap_of, on_sui
             show_detail, detail, details, api_visibility="private", **compute(show_detail, detail))
     for widget in (w.setting, w.detail_prompt):
         widget.input(show_detail, detail, details, api_visibility="private", **compute(show_detail, detail))
-    w.heatmap_kind.input(heatmap_of, [w.heatmap_kind, w.state], [w.heatmap], api_visibility="private")
-    for widget in (w.suite, w.upload):
-        widget.change(on_suite, [w.suite, w.upload], [w.prompts, w.status], api_visibility="private")
+    # a heatmap from the last sweep's summary: cheap, so unqueued (it holds no place in the shared queue)
+    w.heatmap_kind.input(heatmap_of, [w.heatmap_kind, w.state], [w.heatmap], api_visibility="private", queue=False)
+    for widget in (w.suite, w.upload):  # parsing an upload holds a place in the queue: one per visitor, as runs
+        widget.change(on_suite, [w.suite, w.upload], [w.prompts, w.status], api_visibility="private",
+                      **gated(on_suite, [w.suite, w.upload]))

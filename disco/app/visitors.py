@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,7 +25,6 @@ import gradio as gr
 
 from disco.errors import InputError
 
-COMPUTE = "compute"  # the concurrency id every run that uses the models takes
 
 
 def _env_int(name: str, default: int, lo: int, hi: int) -> int:
@@ -67,7 +68,9 @@ def client_address(request, hops: int) -> str:
     if request is None:
         return ""
     if hops > 0:
-        forwarded = [part.strip() for part in request.headers.get("x-forwarded-for", "").split(",") if part.strip()]
+        headers = request.headers
+        lines = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else [headers.get("x-forwarded-for", "")]
+        forwarded = [part.strip() for line in lines for part in line.split(",") if part.strip()]  # every header line
         if len(forwarded) >= hops:
             return forwarded[-hops]
     client = getattr(request, "client", None)
@@ -75,40 +78,69 @@ def client_address(request, hops: int) -> str:
 
 
 class VisitorGate:
-    """Refuses a run when its visitor already has ``rules.per_visitor`` runs waiting or running (module doc)."""
+    """Refuses a run when its visitor already has ``rules.per_visitor`` events waiting or running (module doc).
+
+    Gradio runs the check, then appends the event to its queue: two calls that arrive together could both find the
+    queue empty. So each admitted event is also held here, under a lock, until the queue's records show it (Gradio
+    records every event it queued, with its session and time, ``event_analytics``; finished ones too) or
+    ``RESERVE_S`` seconds have passed, and a visitor's holdings are their queued events plus their admitted ones the
+    queue does not show yet."""
+
+    RESERVE_S = 5.0
 
     def __init__(self, rules: QueueRules, queue: Callable[[], object]):
         self.rules = rules
         self._queue = queue  # the app's Gradio queue, read when a run asks to join (it exists only once launched)
+        self._lock = threading.Lock()
+        self._admitted: list[tuple[str | None, str | None, float]] = []  # (session, address, wall time)
 
     def holdings(self, session: str | None, address: str | None) -> list[int | None]:
-        """The visitor's runs: None for one that is running, its 1-based place for one that waits."""
+        """The visitor's queued events, whatever they run: None for one that is running, its 1-based place among its
+        group's waiting events for one that waits."""
         queue = self._queue()
         if queue is None:
             return []
 
         def theirs(event) -> bool:
-            if event.concurrency_id != COMPUTE:
-                return False
             same_session = session is not None and event.session_hash == session
             same_address = address is not None and client_address(event.request, self.rules.proxy_hops) == address
             return same_session or same_address
 
         running = [None for job in queue.active_jobs if job for event in job if theirs(event)]
-        waiting = queue.event_queue_per_concurrency_id.get(COMPUTE)
-        places = [i + 1 for i, event in enumerate(waiting.queue if waiting else []) if theirs(event)]
+        places = [i + 1 for group in queue.event_queue_per_concurrency_id.values()
+                  for i, event in enumerate(group.queue) if theirs(event)]
         return running + places
 
+    def _unseen(self, session: str | None, address: str | None, now: float) -> int:
+        """Forget admitted events the queue's records show (queued at or after their admission) or older than
+        ``RESERVE_S``; how many of this visitor's are left."""
+        queue = self._queue()
+        latest: dict[str, float] = {}
+        for record in (getattr(queue, "event_analytics", None) or {}).values():
+            s, t = record.get("session_hash"), record.get("time") or 0.0
+            if s is not None and t > latest.get(s, 0.0):
+                latest[s] = t
+        self._admitted = [(s, a, t) for s, a, t in self._admitted
+                          if now - t < self.RESERVE_S and not (s is not None and latest.get(s, 0.0) >= t)]
+        return sum(1 for s, a, _ in self._admitted
+                   if (session is not None and s == session) or (address is not None and a == address))
+
     def refusal(self, request: gr.Request | None) -> str | None:
-        """None when this request's visitor may queue another run, else the one line that says why."""
+        """None when this request's visitor may queue another event (which is then reserved), else the one line that
+        says why."""
         if not self.rules.per_visitor or request is None:
             return None
+        session = getattr(request, "session_hash", None)
         address = client_address(request, self.rules.proxy_hops) if self.rules.by_address else None
-        held = self.holdings(getattr(request, "session_hash", None), address)
-        if len(held) < self.rules.per_visitor:
-            return None
+        with self._lock:
+            held = self.holdings(session, address)
+            now = time.time()  # the clock Gradio's records use
+            if len(held) + self._unseen(session, address, now) < self.rules.per_visitor:
+                self._admitted.append((session, address, now))
+                return None
         waiting = [p for p in held if p is not None]
-        where = (f"it waits at place {waiting[0]} in the queue" if waiting else "it is running now")
+        where = (f"it waits at place {waiting[0]} in the queue" if waiting else
+                 "it is running now" if held else "it is joining the queue")
         return (f"you already have a run on this shared app ({where}): one run per visitor at a time "
                 f"(DISCO_RUNS_PER_VISITOR={self.rules.per_visitor}); press Stop or wait for it to finish")
 

@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from disco.bench.prompts import Fitting, table_matches
+from disco.bench.prompts import Fitting, history_sha, table_matches
 from disco.costs.model import flat
 from disco.replay.run import replay_many
 from disco.replay.tables import ChainMissing, ReplayError, ReplayTable, cached_table_paths
@@ -25,6 +25,12 @@ def find_cached(cache_dir: Path, prompt: SuitePrompt, want: dict, max_new_tokens
     ``auto`` matches any) that covers ``max_new_tokens``; None when there is none, or several could match (then the
     run must name its engine, dtype and assistant precision)."""
     fitting = fitting or Fitting()
+    history = None
+    if prompt.history:  # a later turn: its earlier turns must be cached and match this run first
+        earlier = [find_cached(cache_dir, e, want, max_new_tokens, fitting) for e in prompt.earlier_turns()]
+        if any(t is None for t in earlier):
+            return None
+        history = history_sha([(list(t.prompt_ids), list(t.reference_for(max_new_tokens))) for t in earlier])
     found = []
     for path in cached_table_paths(cache_dir, prompt.id):
         try:
@@ -38,7 +44,7 @@ def find_cached(cache_dir: Path, prompt: SuitePrompt, want: dict, max_new_tokens
         defaults = {"engine": "torch", "assistant_precision": "model"}
         if any(want.get(k, "auto") != "auto" and m.get(k, defaults.get(k)) != want[k] for k in PAIR_FIELDS):
             continue
-        if table_matches(m, prompt, fitting, max_new_tokens):
+        if table_matches(m, prompt, fitting, max_new_tokens, history):
             found.append(table)
     kinds = {tuple(t.meta.get(k) for k in PAIR_FIELDS) for t in found}
     if len(kinds) > 1:

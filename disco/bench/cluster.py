@@ -288,8 +288,8 @@ def build_tables(cfg: ClusterConfig, spec: PairSpec, prompts: list, policies: li
         log_line(f"ray: {len(actors)} workers ({cfg.threads} CPUs{f', {cfg.gpus:g} GPUs' if cfg.gpus else ''} each) "
                  f"loaded {identity.get('models')} ({identity.get('engine')}) in {run.startup_seconds:.1f} s; "
                  f"{sum(map(len, todo))} prompts to build, {run.cached} cached")
-        _drive(ray, cfg, spec, actors, todo, (policies, max_new_tokens, fitting, fill, costs), cache_dir, run,
-               progress, log_line, total=len(prompts))
+        _drive(ray, cfg, spec, actors, identity, todo, (policies, max_new_tokens, fitting, fill, costs), cache_dir,
+               run, progress, log_line, total=len(prompts))
     finally:
         if owned:
             ray.shutdown()
@@ -297,7 +297,7 @@ def build_tables(cfg: ClusterConfig, spec: PairSpec, prompts: list, policies: li
     return run
 
 
-def _drive(ray, cfg, spec, actors, todo, work, cache_dir, run, progress, log_line, total):
+def _drive(ray, cfg, spec, actors, identity, todo, work, cache_dir, run, progress, log_line, total):
     """Keep every worker busy with one question at a time until all are built; a lost worker's question is sent again
     and the worker replaced (``ATTEMPTS`` tries per question). ``work``: what each build takes besides the question
     (policies, run length, fitting, fill, costs)."""
@@ -326,7 +326,7 @@ def _drive(ray, cfg, spec, actors, todo, work, cache_dir, run, progress, log_lin
             try:
                 result = ray.get(ref)
             except (RayActorError, WorkerCrashedError) as exc:
-                _lost(ray, cfg, spec, unit, attempt, exc, pending, idle, log_line)
+                _lost(ray, cfg, spec, unit, attempt, exc, pending, idle, log_line, identity)
                 continue
             except Exception as exc:  # noqa: BLE001 - an error raised inside the worker's build
                 if isinstance(exc, UserError) or attempt >= ATTEMPTS:
@@ -344,17 +344,21 @@ def _drive(ray, cfg, spec, actors, todo, work, cache_dir, run, progress, log_lin
             bar.close()
 
 
-def _lost(ray, cfg, spec, unit, attempt, exc, pending, idle, log_line) -> None:
+def _lost(ray, cfg, spec, unit, attempt, exc, pending, idle, log_line, expected: dict) -> None:
     """A worker died while building ``unit``: send the question again (to a replacement worker, if one starts)."""
     if attempt >= ATTEMPTS:
         raise BenchError(f"{unit[0].unit}: {ATTEMPTS} workers died building it ({_cause(exc)})")
     log_line(f"ray: a worker died while building {unit[0].unit} ({_cause(exc)[:120]}); sending it to another worker")
     pending.appendleft((unit, attempt + 1))
     try:
-        replacement, _ = start_workers(ray, cfg, spec, 1, log_line)
-        idle.extend(replacement)
+        replacement, identity = start_workers(ray, cfg, spec, 1, log_line)
     except BenchError as error:
         log_line(f"ray: no replacement worker: {error}")
+        return
+    if identity != expected:  # a node of another kind: its tables would not be the others' bytes
+        log_line("ray: the replacement worker loads another pair (engine, dtype or assistant precision); not used")
+        return
+    idle.extend(replacement)
 
 
 def _store(cache_dir: Path, unit: list, result: dict, round_trip: float, run: ClusterRun) -> None:

@@ -68,6 +68,8 @@ class PromptEncoder:
         self.encoded: dict[str, Encoded] = {}
         self.skipped: dict[str, str] = {}
         self.answers: dict[str, str] = {}
+        self.turn_tables: dict[str, tuple[list[int], list[int]]] = {}  # earlier turn -> (its ids, its answer's ids)
+        self.history_sha: dict[str, str] = {}
 
     @property
     def cut(self) -> dict[str, int]:
@@ -102,6 +104,7 @@ class PromptEncoder:
             info.update(rule=self.fitting.rule, limit=int(self.limit))
         if prompt.history:
             info["answers"] = self.max_new_tokens  # the earlier turns' answers are this long at most
+            info["history"] = self.history_sha[prompt.id]  # exactly which earlier turns and answers it follows
         return info
 
     def _history(self, prompt: SuitePrompt) -> list[dict]:
@@ -116,10 +119,14 @@ class PromptEncoder:
                                     about=self.about(earlier))
                 if table.dirty:
                     table.save()
-                self.answers[earlier.id] = self.pair.decode(table.reference_for(self.max_new_tokens))
+                answer = table.reference_for(self.max_new_tokens)
+                self.answers[earlier.id] = self.pair.decode(answer)
+                self.turn_tables[earlier.id] = (list(table.prompt_ids), list(answer))
                 table.release()
             messages += [{"role": "user", "content": self.encoded[earlier.id].text},
                          {"role": "assistant", "content": self.answers[earlier.id]}]
+        if prompt.history:
+            self.history_sha[prompt.id] = history_sha([self.turn_tables[e.id] for e in prompt.earlier_turns()])
         return messages
 
     def _encode(self, prompt: SuitePrompt, messages: list[dict], text: str) -> list[int]:
@@ -154,14 +161,26 @@ class PromptEncoder:
         return f"{n} prompt tokens exceed the budget of {self.fitting.max_prompt_tokens} (--max-prompt-tokens)"
 
 
-def table_matches(meta: dict, prompt: SuitePrompt, fitting: Fitting, max_new_tokens: int) -> bool:
+def history_sha(turns: list[tuple[list[int], list[int]]]) -> str:
+    """A short hash of the earlier turns a later turn follows: each one's token ids and the target's answer to it."""
+    import hashlib
+    import json
+
+    return hashlib.sha1(json.dumps(turns, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def table_matches(meta: dict, prompt: SuitePrompt, fitting: Fitting, max_new_tokens: int,
+                  history: str | None = None) -> bool:
     """Whether a cached table (found by the prompt's id, without the models) was built from this prompt as this run
-    would encode it: the same text (fingerprint), cut only if this run cuts it and to the same length, the earlier
-    turns' answers as long as this run's. A table from before suites described their prompts matches by id alone."""
+    would encode it: the same text (fingerprint), cut only if this run cuts it and to the same length, and for a later
+    turn the same earlier turns and answers (``history``: ``history_sha`` of the earlier turns' cached tables, which
+    must match this run too). A table from before suites described their prompts matches by id alone."""
     about = meta.get("prompt")
     if not about:
         return not prompt.history
     if about.get("sha") != prompt.fingerprint or (prompt.history and about.get("answers") != max_new_tokens):
+        return False
+    if prompt.history and about.get("history") != history:  # the earlier turns as cached now (their cut, answers)
         return False
     limit = min(int(about.get("context", 0)) - max_new_tokens, fitting.max_prompt_tokens or math.inf)
     if about.get("cut"):

@@ -132,7 +132,8 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
         if profile_name != cost_mod.MEASURED:
             try:
                 known = (cost_mod.resolve(profile_name),)
-            except cost_mod.CostProfileError:  # a CSV of several precisions: the one the tables have is not known yet
+            except cost_mod.CostProfileError as exc:  # e.g. a CSV of several precisions: the tables' is not known yet
+                _log(f"the workers fill the chains of a free assistant only ({exc}); the rest is computed here")
                 known = ()
         cluster = build_tables(cfg.cluster, cfg.pair_spec(), prompts, specs, cfg.max_new_tokens, cfg.fitting,
                                cache_dir, cfg.progress, _log, costs=known)

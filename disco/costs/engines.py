@@ -50,17 +50,20 @@ def decide(profiles: list, prompt_tokens: int = PROMPT_TOKENS, new_tokens: int =
     best, other = ranked[0], ranked[1]
     d_best, d_other = best["decode_ms_per_token"], other["decode_ms_per_token"]
     p_best, p_other = best["prefill_ms_per_token"], other["prefill_ms_per_token"]
-    crossover = None
-    if (d_best - d_other) * (p_best - p_other) < 0:  # one decodes faster, the other prefills faster: the lines cross
-        crossover = new_tokens * (d_other - d_best) / (p_best - p_other)
-        crossover = int(math.ceil(crossover)) if crossover > 0 else None
+    # the lines cross where one engine decodes faster and the other prefills faster; the best wins at the typical run,
+    # so the other wins beyond the crossing if it prefills faster (long prompts), below it if it decodes faster
+    crossing = new_tokens * (d_other - d_best) / (p_best - p_other) if p_best != p_other else math.nan
+    above = int(math.ceil(crossing)) if p_other < p_best and d_other > d_best and crossing > 0 else None
+    below = int(math.floor(crossing)) if p_other > p_best and d_other < d_best and crossing > 0 else None
     reason = (f"{NAMES[best['engine']]} is faster here: its best lane `{best['lane']}` decodes at "
               f"{d_best:.0f} ms a token against {d_other:.0f} ms for {NAMES[other['engine']]}'s `{other['lane']}`, "
               f"and it prefills at {p_best:.1f} ms a prompt token against {p_other:.1f}")
-    if crossover is not None and crossover > prompt_tokens:
-        reason += (f"; from about {crossover} prompt tokens on, {NAMES[other['engine']]} wins "
-                   f"({'its prefill' if p_other < p_best else 'its decoding'} pays more than the rest loses)")
-    return {"engine": best["engine"], "lane": best["lane"], "reason": reason + ".", "crossover_prompt_tokens": crossover,
+    if above is not None:
+        reason += f"; from about {above} prompt tokens on, {NAMES[other['engine']]} wins (its faster prefill pays more)"
+    if below is not None:
+        reason += f"; on prompts under about {below} tokens, {NAMES[other['engine']]} wins (its faster decoding pays more)"
+    return {"engine": best["engine"], "lane": best["lane"], "reason": reason + ".", "crossover_prompt_tokens": above,
+            "other_wins_below_prompt_tokens": below,
             "for_run": {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens},
             "engines": {e: {**f, "run_ms": run_ms(f, prompt_tokens, new_tokens)} for e, f in figs.items()}}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 OVERHEAD = 1.25  # resident memory over the weights' bytes (embedded pair: 2.2 GiB for 1.6 GB of GGUF, 3.5 for 3.1)
-WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin")
+WEIGHT_SUFFIXES = (".bin", ".gguf", ".safetensors")  # the last found in a folder wins (safetensors first)
 
 
 def _meminfo_available() -> int | None:
@@ -25,19 +25,23 @@ def _meminfo_available() -> int | None:
     return None
 
 
+CGROUPS = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),                       # v2
+           ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))  # v1
+NO_LIMIT = 1 << 60  # cgroup v1 writes a huge number for "no limit"
+
+
 def _cgroup_available() -> int | None:
-    """A container's room (cgroup v2: memory.max less memory.current), or None without a limit."""
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-    except (OSError, ValueError):
-        return None
-    if limit == "max":
-        return None
-    try:
+    """A container's room (its memory limit less its use, v2 or v1), or None without a limit."""
+    for limit_file, used_file in CGROUPS:
+        try:
+            limit = Path(limit_file).read_text().strip()
+            used = int(Path(used_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= NO_LIMIT:
+            return None
         return max(0, int(limit) - used)
-    except ValueError:
-        return None
+    return None
 
 
 def available_bytes() -> int | None:
@@ -54,7 +58,12 @@ def weight_bytes(paths) -> int:
         if path.is_file():
             total += path.stat().st_size
         elif path.is_dir():
-            total += sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+            # one format per folder: safetensors where there are any (a folder may keep .bin copies beside them)
+            for suffix in WEIGHT_SUFFIXES[::-1]:
+                files = [p for p in path.rglob(f"*{suffix}") if p.is_file()]
+                if files:
+                    total += sum(p.stat().st_size for p in files)
+                    break
     return total
 
 

@@ -4,21 +4,22 @@ or a duplicate id is an error naming the entry."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from disco.errors import BenchError
+from disco.suites.files import parse_json
 from disco.suites.record import Suite, SuitePrompt
+from disco.suites.rows import why_unusable
 
 BUILTIN = Path(__file__).resolve().parents[2] / "assets" / "suite.json"
 BUILTIN_KINDS = ("code", "explanation", "summarisation", "prose", "copy")  # the built-in suite's kinds, report order
 
 
-def load_ours(path: Path, text: str) -> Suite:
+def load_ours(path: Path, text: str, max_prompts: int | None = None) -> Suite:
+    data = parse_json(path, text)
     try:
-        data = json.loads(text)
         items = data["prompts"] if isinstance(data, dict) else data
-    except (ValueError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise BenchError(f"suite {path} is not valid JSON of prompts: {exc}") from None
     if not isinstance(items, list):
         raise BenchError(f"suite {path}: its prompts are not a list")
@@ -35,8 +36,13 @@ def load_ours(path: Path, text: str) -> Suite:
             raise BenchError(f"suite {path}: prompt {pid!r} has no kind")
         if not isinstance(prompt, str) or not prompt.strip():
             raise BenchError(f"suite {path}: prompt {pid!r} is empty")
+        why = why_unusable(prompt)
+        if why:
+            raise BenchError(f"suite {path}: prompt {pid[:80]!r} is {why}")
         seen.add(pid)
-        prompts.append(SuitePrompt(pid, kind, bool(item.get("chat", False)), prompt))
+        prompts.append(SuitePrompt(pid[:200], kind[:80], bool(item.get("chat", False)), prompt))
+        if max_prompts is not None and len(prompts) > max_prompts:
+            raise BenchError(f"suite {path.name} has more than {max_prompts:,} prompts, this app's limit per suite")
     if not prompts:
         raise BenchError(f"suite {path} has no prompts")
     name = path.name if path != BUILTIN else "built-in suite (assets/suite.json)"

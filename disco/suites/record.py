@@ -74,3 +74,4 @@ class SuiteOptions:
     chat: bool | None = None          # wrap in the target's chat template (None: the row's `chat` or the default)
     turns: str = "first"              # multi-turn questions: "first" or "all"
     max_prompts: int | None = None    # refuse a source with more usable rows than this (an upload on a hosted app)
+    max_bytes: int | None = None      # refuse a file whose text (after gunzip) is longer than this

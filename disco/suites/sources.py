@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from disco.errors import BenchError
-from disco.suites.files import read_text, table_rows
+from disco.suites.files import MAX_TEXT_BYTES, read_text, table_rows
 from disco.suites.formats import humaneval_suite, table_suite
 from disco.suites.hf import PREFIX as HF_PREFIX, hf_suite
 from disco.suites.ours import BUILTIN, load_ours
@@ -52,11 +52,12 @@ def load_suite(spec: str | Path | None = None, options: SuiteOptions | None = No
         raise BenchError(f"suite {text[:200]!r}: no such file (give builtin, humaneval, hf:DATASET[:CONFIG]:SPLIT, or a "
                          ".json / .jsonl / .csv file)")
     name = path.name.lower()
+    limit = options.max_bytes or MAX_TEXT_BYTES
     if name.endswith(".json"):
-        return load_ours(path, read_text(path))
+        return load_ours(path, read_text(path, limit), options.max_prompts)
     if not name.endswith(TABLE_SUFFIXES):
         raise BenchError(f"suite {path.name}: use a .json, .jsonl or .csv file (optionally .gz)")
-    rows, columns = table_rows(path)
+    rows, columns = table_rows(path, limit)
     if not rows:
         raise BenchError(f"suite {path} has no rows")
     stem = path.name.split(".")[0]

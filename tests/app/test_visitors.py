@@ -12,7 +12,6 @@ from gradio_client import Client
 from gradio_client.exceptions import ValidationError
 
 import app
-from disco.app import visitors
 from disco.app.visitors import QueueRules, client_address
 from disco.errors import InputError
 
@@ -103,6 +102,28 @@ def test_one_client_firing_fifty_runs_holds_one_place_and_a_second_client_is_ser
     assert _outcome(held) == "done" and _outcome(other) == "done"  # the second waited for one run of the first
 
 
+def test_runs_fired_together_by_one_visitor_get_one_place(gated):
+    """Many joins at once, before any reached the queue (the check runs before Gradio appends the event): one is
+    admitted, the others refused, whatever the interleaving."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, release = gated
+    client = Client(url, verbose=False)
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        jobs = list(pool.map(lambda i: client.submit(f"same time {i}", max_new_tokens=4, baseline=False,
+                                                     api_name="/compare"), range(12)))
+    outcomes = []
+    for job in jobs:  # the admitted one waits for the release; let it go once the others have answered
+        if not job.done():
+            _joined(url, client, job)
+    refused = [j for j in jobs if j.done()]
+    outcomes = [_outcome(j) for j in refused]
+    release.set()
+    admitted = [_outcome(j) for j in jobs if j not in refused]
+    assert len(admitted) == 1 and admitted == ["done"], (admitted, outcomes)
+    assert len(outcomes) == 11 and all("you already have a run" in o for o in outcomes), outcomes
+
+
 def test_a_refused_run_is_told_where_its_own_run_waits(gated):
     url, release = gated
     a, b = Client(url, verbose=False), Client(url, verbose=False)
@@ -155,6 +176,16 @@ def test_the_queue_is_bounded(serve_app, monkeypatch):
     assert done == ["done"] * 3
 
 
+def test_a_visitors_runs_one_after_another_are_all_served(serve_app):
+    """One place at a time is not one run in all: each run, once finished, frees the visitor's place at once, however
+    quickly it finished (the short runs of the tiny pair finish within the gate's reservation time)."""
+    with serve_app(app.build_demo("tiny")) as url:
+        client = Client(url, verbose=False)
+        results = [client.predict(f"run {i}", max_new_tokens=2, baseline=False, api_name="/compare")[0]
+                   for i in range(6)]
+    assert all("Done" in r for r in results), results
+
+
 def test_the_gate_reads_gradios_queue_records():
     """The gate reads the pinned Gradio's queue (its waiting and running events): fail here, not silently, if a
     Gradio upgrade renames them."""
@@ -163,4 +194,8 @@ def test_the_gate_reads_gradios_queue_records():
     assert "queue" in EventQueue("x", 1).__dict__
     assert "active_jobs" in Queue.__init__.__code__.co_names
     assert "event_queue_per_concurrency_id" in Queue.__init__.__code__.co_names
-    assert visitors.COMPUTE == "compute"
+    import inspect
+
+    push = inspect.getsource(Queue.push)  # every queued event recorded with its session and wall time
+    assert "self.event_analytics[event._id]" in push and '"session_hash": body.session_hash' in push
+    assert '"time": time.time()' in push

@@ -9,6 +9,7 @@ from disco import suites
 from disco.bench import sweep as sweep_service
 from disco.app import sweep_tab
 from disco.errors import BenchError, UserError
+from disco.limits import upload_limit
 from disco.decode.settings import DecodeSettings
 from disco.decode.race import run_all
 from disco.policies import parse_strategy
@@ -143,7 +144,7 @@ def test_the_sweep_picks_ticked_prompts_or_a_stratified_sample(tmp_path):
     with pytest.raises(BenchError, match="upload a suite file first"):
         sweep_suites.load(sweep_suites.UPLOAD, None)
     big = tmp_path / "big.jsonl"
-    big.write_bytes(b" " * (sweep_suites.UPLOAD_MAX_BYTES + 1))
+    big.write_bytes(b" " * (upload_limit() + 1))
     with pytest.raises(BenchError, match="MB; at most"):
         sweep_suites.load(sweep_suites.UPLOAD, str(big))
 

@@ -51,6 +51,7 @@ def test_the_crossover_names_the_prompt_length_from_which_the_other_engine_wins(
     # llama.cpp: 64·10 + 64·70 = 5,120 ms; torch: 64·2 + 64·100 = 6,528 ms; equal at L = 64·30/8 = 240 prompt tokens
     assert decision["engine"] == "llamacpp" and decision["crossover_prompt_tokens"] == 240
     assert "from about 240 prompt tokens on, torch wins" in decision["reason"]
+    assert decision["other_wins_below_prompt_tokens"] is None
     assert engines.decide([torch]) is None
 
 

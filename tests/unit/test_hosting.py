@@ -156,3 +156,30 @@ def test_a_conversion_that_cannot_be_moved_into_place_is_kept_and_adopted(monkey
     embedded._sweep_stale(tmp_path, logs.append, {"target": None, "assistant": None})
     assert (target / "weights.safetensors").read_text() == "w" and not done.exists()
     assert any("adopted" in line for line in logs)
+
+
+def test_a_folder_counts_one_weight_format_and_cgroup_v1_is_read(tmp_path, monkeypatch):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"\0" * 100)
+    (folder / "pytorch_model.bin").write_bytes(b"\0" * 100)  # an old copy beside it: not counted twice
+    assert memory.weight_bytes([folder]) == 100
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    (v1 / "limit").write_text("4000\n")
+    (v1 / "usage").write_text("1000\n")
+    monkeypatch.setattr(memory, "CGROUPS", ((str(tmp_path / "none"), str(tmp_path / "none")),
+                                            (str(v1 / "limit"), str(v1 / "usage"))))
+    assert memory._cgroup_available() == 3000
+    (v1 / "limit").write_text(str(1 << 62))  # v1's "no limit"
+    assert memory._cgroup_available() is None
+
+
+def test_an_uploaded_file_must_be_one_gradio_received(tmp_path):
+    from disco.app import sweep_inputs
+    from disco.errors import BenchError
+
+    for bad in ({"path": "/etc/passwd"}, {"path": "a\0b"}, {"path": 3}, ["x"], 5):
+        with pytest.raises(BenchError):
+            sweep_inputs.uploaded(bad, "suite file")
+    assert sweep_inputs.uploaded(None, "suite file") is None

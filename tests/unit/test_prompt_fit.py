@@ -91,3 +91,25 @@ def test_a_cached_table_matches_only_the_prompt_and_fit_it_was_built_for():
     assert table_matches(with_answers, later, Fitting(), 48) and not table_matches(with_answers, later, Fitting(), 32)
     assert table_matches({"prompt_tokens": 40}, prompt, Fitting(), 48)  # a table from before: by id alone
     assert not table_matches({"prompt_tokens": 40}, later, Fitting(), 48)
+
+
+def test_a_later_turn_is_reused_only_after_the_same_earlier_turns_and_answers(tiny_pair, tmp_path):
+    """Turn 2's table follows turn 1 and the target's answer as they were cached; when the cached turn 1 changes (its
+    cut, its answer), the cached turn 2 no longer matches, found without the models (the re-costing path)."""
+    import json
+
+    from disco.bench.build import build_here
+    from disco.bench.cached import find_cached
+
+    first = SuitePrompt("q-t1", "k", True, "write a poem", group="q")
+    second = SuitePrompt("q-t2", "k", True, "and now?", history=(first.prompt,), group="q")
+    encoder = PromptEncoder(tiny_pair, MAX_NEW, tmp_path)
+    build_here(tiny_pair, [first, second], [], MAX_NEW, tmp_path, encoder, progress=False)
+    want = {"models": "tiny", "engine": "auto", "dtype": "auto", "assistant_precision": "auto"}
+    assert find_cached(tmp_path, second, want, MAX_NEW) is not None  # as built: reused
+    path = next(tmp_path.glob("q-t1-*.json"))
+    data = json.loads(path.read_text())
+    data["reference"] = [t + 1 for t in data["reference"]]  # turn 1 answered otherwise (another build of it)
+    path.write_text(json.dumps(data))
+    assert find_cached(tmp_path, first, want, MAX_NEW) is not None
+    assert find_cached(tmp_path, second, want, MAX_NEW) is None  # its history is not this cache's any more

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from disco.app import quiet
-from disco.app.race_tab import _status
+from disco.app.race_tab import _status, render
 from disco.bench.peer import quiet_columns
 from disco.costs.model import CostModel
 from disco.decode.race import run_all
@@ -77,6 +77,11 @@ def test_the_headline_is_the_true_figure_and_says_which(race):
     assert "within 10 % of this machine's quiet pass costs" in _status(race, race.summaries(), 1.0, True, [],
                                                                       quiet=checked)
     assert "quiet" not in _status(race, race.summaries(), 1.0, True, [], quiet=None)  # no profile yet: live only
+    for d in race.decoders:
+        _restamp(d, extra_ms_per_pass=20.0)
+    busy = quiet.check(race.decoders, Profile(COSTS), "model")
+    out = render(race, final=True, wall=1.0, notes=[], quiet=busy)
+    assert f"{busy.speedup('static:4', AUTOREGRESSIVE):.2f}× quiet" in out[1]  # the lanes' cards lead with it too
     assert quiet.check(race.decoders, None, "model") is None
 
 

@@ -220,3 +220,42 @@ def test_the_fingerprint_names_what_a_prompt_asks():
     assert len({a.fingerprint, suites.SuitePrompt("1", "k", False, "hello").fingerprint,
                 suites.SuitePrompt("1", "k", True, "hello", history=("before",)).fingerprint,
                 suites.SuitePrompt("1", "k", True, "hello!").fingerprint}) == 4
+
+
+def test_an_upload_cannot_expand_or_nest_past_its_bounds(tmp_path):
+    """A small .gz that would expand to gigabytes (a gzip bomb), a corrupt one, JSON nested past Python's recursion
+    limit: each is one line, and nothing is read past the bound."""
+    bomb = tmp_path / "bomb.jsonl.gz"
+    bomb.write_bytes(gzip.compress(b'{"prompt": "' + b"a" * (40 << 20) + b'"}\n'))
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(BenchError, match="expands to more than"):
+        load_suite(bomb, SuiteOptions(max_bytes=32 << 20))
+    corrupt = tmp_path / "broken.jsonl.gz"
+    corrupt.write_bytes(gzip.compress(b'{"prompt": "x"}\n')[:-12] + b"\x00" * 12)
+    with pytest.raises(BenchError, match="not a readable gzip file"):
+        load_suite(corrupt)
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(BenchError, match="line 1 is not JSON"):
+        load_suite(deep)
+    ours = tmp_path / "deep.json"
+    ours.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BenchError, match="not JSON"):
+        load_suite(ours)
+
+
+def test_our_json_format_is_bounded_too(tmp_path):
+    many = tmp_path / "many.json"
+    many.write_text(json.dumps({"prompts": [{"id": f"p{i}", "kind": "k", "prompt": "x"} for i in range(12)]}))
+    with pytest.raises(BenchError, match="more than 10 prompts"):
+        load_suite(many, SuiteOptions(max_prompts=10))
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps([{"id": "a", "kind": "k", "prompt": "x" * 200_000}]))
+    with pytest.raises(BenchError, match="longer than 100,000 characters"):
+        load_suite(huge)
+
+
+def test_a_jsonl_line_may_hold_unicode_line_separators(tmp_path):
+    path = tmp_path / "sep.jsonl"
+    path.write_text(json.dumps({"prompt": "one\u2028two\u0085three"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert load_suite(path).prompts[0].prompt == "one\u2028two\u0085three"
