@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
-ROOT = Path(__file__).resolve().parents[2]
 
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"browser tests need Debian's Chromium at {CHROMIUM} (apt-get install -y chromium)",
@@ -69,8 +67,8 @@ def test_threshold_run_streams_draws_and_downloads(page, tmp_path):
     assert (trace.loc[trace["strategy"] == dynamic, "threshold"] == 0.6).all()
     assert (trace["max_new_tokens"] == 128).all()
 
-    # the README's screenshot is refreshed only on request (DISCO_UPDATE_SCREENSHOT=1): tests leave the tree alone
-    shot = ROOT / "docs" / "screenshot.png" if os.environ.get("DISCO_UPDATE_SCREENSHOT") == "1" else tmp_path / "s.png"
+    # the page renders to a full screenshot (the README's own is the embedded pair's: scripts/page_vs_cli.py takes it)
+    shot = tmp_path / "s.png"
     page.mouse.move(0, 0)
     page.wait_for_timeout(500)  # let Plotly finish its last redraw
     page.screenshot(path=str(shot), full_page=True)
