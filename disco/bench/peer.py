@@ -147,10 +147,13 @@ def _llama_row(pair, prompt, spec, runs, measured, base, max_new_tokens, meta, p
                    peer_command=first.get("command", ""))
 
 
-def quiet_columns(records, costs) -> dict:
+def quiet_columns(records, costs, precision: str | None = None) -> dict:
     """A timed run's own clock beside what its iterations cost under this machine's measured (quiet) pass costs:
-    ``live_over_quiet`` far from 1 says the machine was busy while it ran (``disco.app.quiet``, the same check)."""
-    if costs is None or not records:
+    ``live_over_quiet`` far from 1 says the machine was busy while it ran (``disco.app.quiet``, the same check).
+    A lane whose assistant (``precision``) is not the one the costs measured is left out."""
+    measured = (costs.meta or {}).get("assistant_precision") if costs is not None else None
+    drafts = any(getattr(r, "draft_calls", 0) for r in records or [])
+    if costs is None or not records or (drafts and precision and measured and precision != measured):
         return {"quiet_seconds": math.nan, "live_over_quiet": math.nan}
     quiet = costs.records_ms(records) / 1000.0
     return {"quiet_seconds": quiet, "live_over_quiet": records[-1].elapsed_ms / 1000.0 / quiet if quiet else math.nan}
@@ -184,6 +187,7 @@ def timed_prompt(pair, prompt: SuitePrompt, ids: list[int], policies: list[Polic
                 elif peer and policy.hf_kwargs() is not None:
                     measured.setdefault(("hf", spec), []).append(run_hf(pair, ids, policy, max_new_tokens))
     base = {impl: measured.get((impl, AUTOREGRESSIVE)) for impl in ("ours", "hf", "llama")}
+    lanes = {p.spec: p for p in policies}
     truth = base["ours"][0]["output_ids"] if base["ours"] else reference
     rows = []
     for (impl, spec), runs in measured.items():
@@ -205,7 +209,8 @@ def timed_prompt(pair, prompt: SuitePrompt, ids: list[int], policies: list[Polic
             rows.append(run_row(prompt, spec, "timed", "ours", s, identical, ar_seconds, meta,
                              prompt_tokens=len(ids), reps=len(runs),
                              divergence=div["kind"] if div else "", divergence_detail=divergence_short(div),
-                             **quiet_columns(first["records"], costs)))
+                             **quiet_columns(first["records"], costs, lanes[spec].assistant_precision
+                                             or meta.get("assistant_precision"))))
         else:
             ours_out = measured.get(("ours", spec), [{}])[0].get("output_ids")
             new_tokens = len(first["output_ids"])

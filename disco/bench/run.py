@@ -200,6 +200,20 @@ def _run_loaded(cfg: BenchConfig, pair, picked: Picked, prompts: list[SuitePromp
                          prompts=prompts_frame(rows))
 
 
+def _profile_costs(cfg: BenchConfig, pair, meta: dict) -> CostModel | None:
+    """This machine's cached cost profile for the pair and engine, as the app's races use it (None without one)."""
+    from disco.costs import profile as profiles
+
+    prof = profiles.latest(cfg.models, pair)
+    if prof is None or not prof.precisions:
+        _log("no cost profile of this machine for this engine yet (python -m disco profile): the timed runs carry no "
+             "quiet-cost check")
+        return None
+    precision = meta.get("assistant_precision")
+    meta["quiet_costs"] = f"profile {prof.measured_at}"
+    return prof.cost_model(precision if precision in prof.precisions else prof.precisions[0])
+
+
 def _prompt_counts(meta: dict, rows: list[dict]) -> None:
     """What the report says of the prompts: how many were used, cut and skipped, and the skipped ones' reasons."""
     meta["prompts_used"] = sum(r["status"] != "skipped" for r in rows)
@@ -222,6 +236,8 @@ def _timed(cfg: BenchConfig, pair, prompts, encoder, encoded, tables, runs, cost
     meta["timed_strategies"] = [p.spec for p in timed_specs]
     meta["prompts_timed"] = len(timed_prompts)
     other = _other_engine(cfg, pair, meta)
+    if costs is None:  # timed only: this machine's profile costs the quiet check (and the cost-reading rules)
+        costs = _profile_costs(cfg, pair, meta)
     warm_up(pair, encoded[timed_prompts[0].id])
     t0 = time.perf_counter()
     out, records = [], []

@@ -23,7 +23,7 @@ class Profile:
     """This machine's profile as the race reads it: per-pass costs per assistant precision."""
 
     def __init__(self, costs: CostModel, precision: str = "model"):
-        self.costs, self.precisions = costs, [precision]
+        self.costs, self.precisions, self.measured_at = costs, [precision], "2026-12-05T00:00:00"
 
     def cost_model(self, precision):
         return self.costs
@@ -91,3 +91,33 @@ def test_a_timed_benchmark_run_carries_the_same_check(race):
     cols = quiet_columns(d.records, COSTS)
     assert cols["live_over_quiet"] > 1 and cols["quiet_seconds"] == pytest.approx(COSTS.records_ms(d.records) / 1000)
     assert math.isnan(quiet_columns(d.records, None)["live_over_quiet"])
+
+
+def test_a_lane_whose_assistant_the_costs_did_not_measure_is_left_out(race):
+    d = next(d for d in race.decoders if d.strategy == "static:4")
+    costs = dataclasses.replace(COSTS, meta={"assistant_precision": "model"})
+    assert not math.isnan(quiet_columns(d.records, costs, "model")["live_over_quiet"])
+    assert math.isnan(quiet_columns(d.records, costs, "int8")["live_over_quiet"])  # another assistant's steps
+    ar = next(d for d in race.decoders if d.strategy == AUTOREGRESSIVE)
+    assert not math.isnan(quiet_columns(ar.records, costs, "int8")["live_over_quiet"])  # no drafts: target only
+
+
+def test_a_timed_only_benchmark_takes_the_machine_profile_for_the_check(tmp_path, monkeypatch):
+    """``bench --mode timed`` measures no costs of its own: the quiet check (and any cost-reading lane) reads this
+    machine's cached profile, as a race in the app does."""
+    import pandas as pd
+
+    from disco import cli
+    from disco.costs import profile as profiles
+
+    monkeypatch.setattr(profiles, "latest", lambda models, pair, root=None: Profile(
+        dataclasses.replace(COSTS, meta={"assistant_precision": "model"})))
+    out = tmp_path / "timed"
+    code = cli.main(["bench", "--models", "tiny", "--mode", "timed", "--timed-prompts", "1", "--max-new-tokens", "8",
+                     "--timed-strategies", "autoregressive,static:3,costaware:8", "--no-peer", "--no-progress",
+                     "--out", str(out)])
+    assert code == 0
+    runs = pd.read_csv(out / "runs.csv")
+    ours = runs[(runs["mode"] == "timed") & (runs["implementation"] == "ours")]
+    assert set(ours["strategy"]) == {"autoregressive", "static:3", "costaware:8"}
+    assert ours["live_over_quiet"].notna().all() and (ours["live_over_quiet"] > 0).all()
