@@ -26,10 +26,20 @@ class QuietCheck:
         q = self.quiet_s.get(strategy)
         return self.live_s[strategy] / q if q and q > 0 else math.nan
 
+    def _ratios(self) -> list[float]:
+        return [r for r in (self.ratio(s) for s in self.quiet_s) if r == r]
+
     @property
     def busy(self) -> bool:
-        """A lane took more than ``TOLERANCE`` longer or shorter than its quiet cost."""
-        return any(abs(self.ratio(s) - 1) > TOLERANCE for s in self.quiet_s if self.ratio(s) == self.ratio(s))
+        """A lane took more than ``TOLERANCE`` longer than its quiet cost: something else used the cores."""
+        return any(r - 1 > TOLERANCE for r in self._ratios())
+
+    @property
+    def stale(self) -> bool:
+        """No lane was slowed, but one ran more than ``TOLERANCE`` faster than its quiet cost: the profile's pass costs
+        overstate this machine now (measured at a busier moment, or before a change), so the live clocks are the
+        truer figures."""
+        return not self.busy and any(1 - r > TOLERANCE for r in self._ratios())
 
     def speedup(self, strategy: str, baseline: str) -> float:
         """The quiet-cost speed-up of a lane over the baseline (NaN where either was not costed)."""
@@ -38,7 +48,7 @@ class QuietCheck:
 
     def worst(self) -> float:
         """The largest relative departure from the quiet cost, signed (+0.8 = 80 % slower than quiet)."""
-        ratios = [self.ratio(s) - 1 for s in self.quiet_s if self.ratio(s) == self.ratio(s)]
+        ratios = [r - 1 for r in self._ratios()]
         return max(ratios, key=abs) if ratios else math.nan
 
 

@@ -232,6 +232,9 @@ def _status(snapshot, summaries: list[dict], wall: float, final: bool, notes: li
     if busy and parts:  # the live clocks were not the machine's: say so, and which figure the headline is
         speed += (f" (from this machine's quiet pass costs: ⚠ the machine was busy during the race, a lane's live "
                   f"time was {100 * quiet.worst():+.0f} % off its quiet cost; live: {', '.join(live)})")
+    elif quiet is not None and quiet.stale and parts:
+        speed += (f" (live; a lane ran {-100 * quiet.worst():.0f} % faster than this machine's profile says: its pass "
+                  "costs look stale, `python -m disco profile` measures them again)")
     elif quiet is not None and parts:
         speed += " (live; within 10 % of this machine's quiet pass costs)"
     extra = "".join(f" · {n}" for n in notes)

@@ -176,8 +176,8 @@ def quiet_outcome(runs: pd.DataFrame) -> dict:
                           errors="coerce").dropna()
     if ratio.empty:
         return {"checked": 0}
-    off = ratio[(ratio - 1).abs() > QUIET_TOLERANCE]
-    return {"checked": int(len(ratio)), "busy": int(len(off)), "median": float(ratio.median()),
+    return {"checked": int(len(ratio)), "busy": int((ratio - 1 > QUIET_TOLERANCE).sum()),
+            "faster": int((1 - ratio > QUIET_TOLERANCE).sum()), "median": float(ratio.median()),
             "worst": float(ratio.iloc[(ratio - 1).abs().argmax()])}
 
 

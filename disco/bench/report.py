@@ -254,11 +254,15 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
                       "matches the engine exactly (tests/unit/test_replay.py)."]
     quiet = meta.get("quiet") or {}
     if quiet.get("checked"):
-        parts += ["", f"Quiet-cost check: {quiet['checked'] - quiet['busy']} of {quiet['checked']} timed runs took "
-                      f"within ±10 % of what their own iterations cost under the per-pass costs measured here (median "
-                      f"live ÷ quiet {quiet['median']:.3f}, furthest {quiet['worst']:.3f})"
-                  + ("; the others ran while the machine was busy (runs.csv: live_over_quiet), so their speed-ups "
-                     "are not this machine's." if quiet["busy"] else ".")]
+        faster = quiet.get("faster", 0)
+        within = quiet["checked"] - quiet["busy"] - faster
+        parts += ["", f"Quiet-cost check: {within} of {quiet['checked']} timed runs took within ±10 % of what their own "
+                      f"iterations cost under the per-pass costs measured here (median live ÷ quiet "
+                      f"{quiet['median']:.3f}, furthest {quiet['worst']:.3f})"
+                  + (f"; {quiet['busy']} took longer: the machine was busy while they ran (runs.csv: live_over_quiet), "
+                     "so their speed-ups are not this machine's" if quiet["busy"] else "")
+                  + (f"; {faster} ran faster than those costs say: the cost profile overstates this machine now (measured "
+                     "at a busier moment; `python -m disco profile` measures it again)" if faster else "") + "."]
     parts += ["", f"Wall time of this benchmark: {_fmt(meta.get('wall_seconds'), '.0f')} s.", ""]
     return "\n".join(parts)
 

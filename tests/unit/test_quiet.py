@@ -121,3 +121,23 @@ def test_a_timed_only_benchmark_takes_the_machine_profile_for_the_check(tmp_path
     ours = runs[(runs["mode"] == "timed") & (runs["implementation"] == "ours")]
     assert set(ours["strategy"]) == {"autoregressive", "static:3", "costaware:8"}
     assert ours["live_over_quiet"].notna().all() and (ours["live_over_quiet"] > 0).all()
+
+
+def test_lanes_faster_than_the_profile_say_it_is_stale_not_that_the_machine_was_busy(race):
+    """Live clocks below the quiet costs mean the profile overstates the machine (it was measured at a busier moment):
+    the live figures stay the headline, and the status says the profile looks stale."""
+    import pandas as pd
+
+    from disco.bench.analysis import quiet_outcome
+
+    q = quiet.QuietCheck(live_s={AUTOREGRESSIVE: 0.80, "static:4": 0.84}, quiet_s={AUTOREGRESSIVE: 1.0, "static:4": 1.0})
+    assert q.stale and not q.busy
+    status = _status(race, race.summaries(), 1.0, True, [], quiet=q)
+    assert "faster than this machine's profile" in status and "busy" not in status
+    live = next(s for s in race.summaries() if s["strategy"] == "static:4")["speedup"]
+    assert f"`static:4` **{live:.2f}×**" in status  # the live figure leads
+    mixed = quiet.QuietCheck(live_s={AUTOREGRESSIVE: 1.3, "static:4": 0.8}, quiet_s={AUTOREGRESSIVE: 1.0, "static:4": 1.0})
+    assert mixed.busy and not mixed.stale
+    runs = pd.DataFrame({"mode": "timed", "implementation": "ours", "live_over_quiet": [0.8, 1.0, 1.3, 1.05]})
+    assert quiet_outcome(runs) | {"median": 0, "worst": 0} == {"checked": 4, "busy": 1, "faster": 1, "median": 0,
+                                                               "worst": 0}
