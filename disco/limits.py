@@ -30,6 +30,21 @@ SEED_MAX = 2**63 - 1
 PROMPT_MAX_CHARS = 100_000  # far above any model context here; refuses a pasted file before tokenizing it
 
 
+def env_int(name: str, default, lo: int, hi: int):
+    """An operator's whole number from ``lo`` to ``hi`` in the environment (``default`` when unset); anything else is
+    refused in one line naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        raise InputError(f"{name}={raw!r}: expected a whole number from {lo} to {hi}")
+    return value
+
+
 def env_number(name: str, default: float, cast=float, lo: float = 0.0) -> float:
     raw = os.environ.get(name, "").strip()
     if not raw:

@@ -23,21 +23,8 @@ from typing import Callable
 
 import gradio as gr
 
-from disco.errors import InputError
+from disco.limits import env_int
 
-
-
-def _env_int(name: str, default: int, lo: int, hi: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(f"{name}={raw!r}: expected a whole number from {lo} to {hi}") from None
-    if not lo <= value <= hi:
-        raise InputError(f"{name}={raw!r}: expected a whole number from {lo} to {hi}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -50,10 +37,10 @@ class QueueRules:
     @classmethod
     def from_env(cls) -> "QueueRules":
         on_space = bool(os.environ.get("SPACE_ID"))
-        return cls(per_visitor=_env_int("DISCO_RUNS_PER_VISITOR", 1, 0, 1000),
-                   by_address=bool(_env_int("DISCO_LIMIT_BY_ADDRESS", 1 if on_space else 0, 0, 1)),
-                   proxy_hops=_env_int("DISCO_PROXY_HOPS", 1 if on_space else 0, 0, 10),
-                   max_size=_env_int("DISCO_QUEUE_MAX", 32, 1, 100_000))
+        return cls(per_visitor=env_int("DISCO_RUNS_PER_VISITOR", 1, 0, 1000),
+                   by_address=bool(env_int("DISCO_LIMIT_BY_ADDRESS", 1 if on_space else 0, 0, 1)),
+                   proxy_hops=env_int("DISCO_PROXY_HOPS", 1 if on_space else 0, 0, 10),
+                   max_size=env_int("DISCO_QUEUE_MAX", 32, 1, 100_000))
 
     def words(self) -> str:
         who = "visitor (session or address)" if self.by_address else "visitor (session)"

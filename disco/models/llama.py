@@ -29,7 +29,8 @@ import weakref
 import numpy as np
 import torch
 
-from disco.errors import Interrupted, UserError
+from disco import limits
+from disco.errors import InputError, Interrupted, UserError
 from disco.models.background import SHUTDOWN, in_pass
 
 EXACT_ENV = "DISCO_LLAMA_EXACT"
@@ -108,18 +109,11 @@ MAX_THREADS, MAX_N_CTX = 512, 1 << 20
 
 
 def _env_int(name: str, lo: int, hi: int) -> int | None:
-    """An operator's whole number from the environment (None when unset); anything else is refused in one line, as
-    every other operator variable is (``disco.limits``)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
+    """An operator's whole number (None when unset), refused in one line as every other operator variable is."""
     try:
-        value = int(raw)
-    except ValueError:
-        raise LlamaUnavailable(f"{name}={raw!r}: expected a whole number from {lo} to {hi}") from None
-    if not lo <= value <= hi:
-        raise LlamaUnavailable(f"{name}={raw!r}: expected a whole number from {lo} to {hi}")
-    return value
+        return limits.env_int(name, None, lo, hi)
+    except InputError as exc:
+        raise LlamaUnavailable(str(exc)) from None
 
 
 def threads() -> int:
