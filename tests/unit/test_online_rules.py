@@ -1,0 +1,110 @@
+"""The rules that tune themselves during a run: SGLang's adaptive depth and the online bandit over settings. Their
+update rules on hand-made verification outcomes (greedy identity, live = replay and sampling are covered for every
+kind by test_core, test_replay and test_sampling, which take each kind's canonical spec from the registry)."""
+
+from __future__ import annotations
+
+import pytest
+
+from disco.costs.model import CostModel
+from disco.policies import DraftStep, RunContext, StrategyError, parse_strategy
+from disco.policies import bandit as bandit_mod
+from disco.policies import sglang
+
+FLAT = CostModel([(1, 10.0), (64, 10.0)], [(1, 1.0), (64, 1.0)])  # verification free, an assistant step 0.1
+
+
+def _steps(n: int, prob: float = 0.9) -> list[DraftStep]:
+    step = DraftStep.first(0, 1, prob)
+    out = [step]
+    for _ in range(n - 1):
+        step = step.then(1, prob)
+        out.append(step)
+    return out
+
+
+def _verify(policy, accepted_of) -> list[int]:
+    """Run iterations with ``accepted_of(depth)`` drafts accepted; the budget of each iteration, in order."""
+    budgets = []
+    for _ in range(40):
+        k = policy.budget()
+        budgets.append(k)
+        policy.update(_steps(k), accepted_of(k))
+    return budgets
+
+
+def test_sglang_starts_at_its_init_and_holds_through_the_warm_up():
+    p = parse_strategy("sglang")
+    assert p.budget() == 3 and p.average == 2.0  # SGLang's --speculative-num-steps 3, the average at INIT - 1
+    assert parse_strategy("sglang:4").budget() == 5  # not a candidate: the middle one
+    budgets = _verify(p, lambda k: k)  # every draft accepted
+    assert budgets[:15] == [3] * 15  # 10 warm-up verifications, then reconsidered at the 15th (every 5th)
+    # the average (3 - 0.8^15 = 2.96 > 3 - 0.5) calls for 5; at the 25th it is 4.78 > 4.5: 7, the top
+    assert budgets[15:25] == [5] * 10 and set(budgets[25:]) == {7}
+
+
+def test_sglang_steps_down_with_hysteresis_when_drafts_are_rejected():
+    p = parse_strategy("sglang:7")
+    budgets = _verify(p, lambda k: 0)
+    assert budgets[0] == 7 and budgets[-1] == 1  # nothing accepted: down to the smallest candidate
+    first_change = next(i for i, b in enumerate(budgets) if b != 7)
+    assert first_change == 15  # only at a reconsideration (after 10 warm-up, every 5th)
+    # an average just above the lower candidate's bar (s - 0.5 - 0.25) keeps the depth
+    q = parse_strategy("sglang:3")
+    q.average = 1 - 0.5 - 0.25 + 0.01
+    assert q._reconsidered() == 3
+    q.average = 1 - 0.5 - 0.25
+    assert q._reconsidered() == 1
+    q.average = 3 - 0.5 + 0.01  # over the current depth's bar: up one
+    assert q._reconsidered() == 5
+
+
+def test_sglang_learns_nothing_from_an_iteration_that_drafted_nothing():
+    p = parse_strategy("sglang")
+    p.update([], 0)
+    assert p.verified == 0 and p.average == 2.0
+
+
+def test_the_bandit_plays_every_arm_once_then_the_best_by_ucb():
+    p = parse_strategy("bandit:20")
+    p.bind(RunContext(costs=FLAT))
+    arms = list(p.arms)
+    assert arms == [(1, 0.0), (2, 0.0), (4, 0.0), (8, 0.0), (20, 0.2), (20, 0.4), (20, 0.6), (20, 0.8)]
+    seen = []
+    for _ in arms:
+        k = p.budget()
+        seen.append(p.arms[p.arm])
+        p.update(_steps(k), k if k == 8 else 0)  # only static 8 has its drafts accepted
+    assert seen == arms
+    later = []
+    for _ in range(30):
+        k = p.budget()
+        later.append(p.arms[p.arm])
+        p.update(_steps(k), k if k == 8 else 0)
+    assert later.count((8, 0.0)) > 20  # it settles on the arm that pays
+
+
+def test_the_bandit_reward_is_tokens_per_unit_of_cost():
+    p = parse_strategy("bandit:20")
+    p.bind(RunContext(costs=FLAT))
+    assert p.reward(4, 4) == pytest.approx(5 / (1 + 4 * 0.1))
+    costly = CostModel([(1, 10.0), (2, 20.0), (5, 50.0)], [(1, 5.0)])  # each verified token a whole step
+    p.bind(RunContext(costs=costly))
+    assert p.reward(1, 0) == pytest.approx(1 / (2 + 0.5)) and p.reward(0, 0) == pytest.approx(1.0)
+
+
+def test_the_bandit_arms_respect_kmax_and_its_threshold_stops_drafts():
+    p = parse_strategy("bandit:3")
+    assert p.arms[:3] == [(1, 0.0), (2, 0.0), (3, 0.0)] and max(k for k, _ in p.arms) == 3
+    p.bind(RunContext(costs=FLAT))
+    p.arm = p.arms.index((3, 0.6))
+    assert p.stop_after(DraftStep.first(0, 1, 0.5)) and not p.stop_after(DraftStep.first(0, 1, 0.7))
+    assert p.threshold == 0.6
+    p.arm = 0
+    assert p.threshold is None and not p.stop_after(DraftStep.first(0, 1, 0.01))
+
+
+def test_the_bandit_needs_a_cost_profile():
+    with pytest.raises(StrategyError, match="needs a cost profile"):
+        parse_strategy("bandit").bind(RunContext())
+    assert bandit_mod.Bandit.needs_costs and not sglang.SGLangAdaptive.needs_costs
