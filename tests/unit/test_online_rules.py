@@ -108,3 +108,28 @@ def test_the_bandit_needs_a_cost_profile():
     with pytest.raises(StrategyError, match="needs a cost profile"):
         parse_strategy("bandit").bind(RunContext())
     assert bandit_mod.Bandit.needs_costs and not sglang.SGLangAdaptive.needs_costs
+
+
+def test_the_regret_report_sets_the_bandit_against_its_own_arms_in_hindsight():
+    import pandas as pd
+
+    from disco.bench.online import arm_specs, regret_frame, regret_md
+
+    arms = arm_specs("bandit:4")
+    assert arms == ["static:1", "static:2", "static:4", "threshold:0.2:4", "threshold:0.4:4", "threshold:0.6:4",
+                    "threshold:0.8:4"]
+    speed = {"p1": {"static:2": 2.0, "static:4": 1.5}, "p2": {"static:2": 1.0, "static:4": 1.6}}
+    rows = []
+    for prompt, kind in (("p1", "code"), ("p2", "prose")):
+        for spec in arms + ["bandit:4", "autoregressive"]:
+            value = 1.8 if spec == "bandit:4" else speed[prompt].get(spec, 0.9)
+            rows.append({"prompt_id": prompt, "kind": kind, "strategy": spec, "mode": "replay",
+                         "implementation": "ours", "speedup": value})
+    frame = regret_frame(pd.DataFrame(rows)).set_index("prompt_id")
+    assert frame.loc["p1", "best_arm"] == "static:2" and frame.loc["p2", "best_arm"] == "static:4"
+    assert frame.loc["p1", "regret_vs_prompt_best"] == pytest.approx(0.1)
+    assert frame.loc["p2", "regret_vs_prompt_best"] == pytest.approx(1 - 1.8 / 1.6)  # negative: it beat every arm
+    # the single best arm over both prompts: static:4 (geomean 1.55) over static:2 (1.41)
+    assert set(frame["overall_arm"]) == {"static:4"}
+    assert "`bandit:4` | 2 | 1.80x | `static:4` | 1.55x" in regret_md(frame.reset_index())
+    assert regret_frame(pd.DataFrame(rows).query("strategy != 'bandit:4'")).empty
