@@ -70,6 +70,11 @@ DECODED = re.compile(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds")
 ATTEMPTS = 4
 
 
+class NoStatistics(RuntimeError):
+    """llama.cpp's example exited every time before its logger printed the figures (a busy machine): the bench goes on
+    without that peer row and its report says so."""
+
+
 def speculative(pair, prompt_ids: list[int], policy: Policy, max_new_tokens: int) -> dict:
     """llama.cpp's speculative example on the same pair and setting, greedy (``--temp 0 --top-k 1``)."""
     prompt = pair.tokenizer.decode(prompt_ids, skip_special_tokens=False)  # llama.cpp tokenizes it back (same ids)
@@ -87,7 +92,7 @@ def speculative(pair, prompt_ids: list[int], policy: Policy, max_new_tokens: int
             break
     else:
         tail = " | ".join((proc.stderr or proc.stdout or "(nothing)").strip().splitlines()[-6:])
-        raise RuntimeError(f"llama-speculative-simple printed no statistics in {ATTEMPTS} runs: {tail}")
+        raise NoStatistics(f"llama-speculative-simple printed no statistics in {ATTEMPTS} runs: {tail}")
     text = proc.stdout.split("\n\n", 1)[-1] if "\n\n" in proc.stdout else proc.stdout
     if text.startswith(prompt):
         text = text[len(prompt):]

@@ -4,6 +4,7 @@ for the torch engine, llama.cpp's own programs for the llama.cpp engine (``disco
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import statistics
 import time
@@ -14,6 +15,8 @@ from disco.bench import llama_peer
 from disco.bench.runs import PEER_PREFIX, run_row
 from disco.errors import BenchError
 from disco.suites import SuitePrompt
+
+log = logging.getLogger(__name__)
 from disco.decode.divergence import explain as explain_divergence
 from disco.decode.divergence import short as divergence_short
 from disco.decode.live import Decoder
@@ -181,8 +184,14 @@ def timed_prompt(pair, prompt: SuitePrompt, ids: list[int], policies: list[Polic
                         records.append({"prompt_id": prompt.id, "rep": rep, **r.__dict__})
                 elif peer and pair.engine == "llamacpp":
                     if llama_peer.has_peer(policy):
-                        run = (llama_peer.plain(pair, max_new_tokens) if policy.kind == AUTOREGRESSIVE
-                               else llama_peer.speculative(pair, ids, policy, max_new_tokens))
+                        try:
+                            run = (llama_peer.plain(pair, max_new_tokens) if policy.kind == AUTOREGRESSIVE
+                                   else llama_peer.speculative(pair, ids, policy, max_new_tokens))
+                        except llama_peer.NoStatistics as exc:
+                            log.warning("%s, %s: %s", prompt.id, spec, exc)
+                            meta.setdefault("peer_missing", []).append({"prompt": prompt.id, "strategy": spec,
+                                                                        "why": str(exc)[:300]})
+                            continue
                         measured.setdefault(("llama", spec), []).append(run)
                 elif peer and policy.hf_kwargs() is not None:
                     measured.setdefault(("hf", spec), []).append(run_hf(pair, ids, policy, max_new_tokens))

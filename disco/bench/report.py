@@ -211,6 +211,11 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
             parts += ["", "Measured per-pass costs (median ms): target " +
                       ", ".join(f"{n} tok {ms:.0f}" for n, ms in sorted(t.items())) + "; assistant " +
                       ", ".join(f"{n} tok {ms:.0f}" for n, ms in sorted(a.items())) + "."]
+    missing = meta.get("peer_missing") or []
+    if missing:
+        parts += ["", f"{len(missing)} run(s) of llama.cpp's example are missing from the peer table: it exited before its "
+                      "logger printed its figures in every try (a busy machine; " +
+                      ", ".join(f"{m['prompt']} `{m['strategy']}`" for m in missing[:5]) + ")."]
     if peers is not None and not peers.empty:
         name = str(peers["peer"].iloc[0]) if "peer" in peers else "transformers"
         what = ("transformers' assisted generation" if name == "transformers" else

@@ -3,6 +3,8 @@ llama.cpp's own programs timed as the peer where scripts/llama-build.sh built th
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -34,7 +36,11 @@ def test_bench_on_a_gguf_pair_validates_replay_and_times_llama_cpp(tmp_path):
     if llama_peer.binary("llama-speculative-simple") is None or llama_peer.binary("llama-bench") is None:
         assert peers.empty
         pytest.skip("llama.cpp's own programs were not built here (scripts/llama-build.sh)")
-    assert {"llama:autoregressive", "llama:pmin:0.4:3"} <= set(peers["strategy"])
+    # on a busy machine llama.cpp's example can exit before its logger prints its figures, in every try: the run is
+    # then left out, named in meta.json and the report (tests/bench/test_llama_bench.py's last test)
+    missing = {m["strategy"] for m in json.loads((out / "meta.json").read_text()).get("peer_missing", [])}
+    assert "llama:autoregressive" in set(peers["strategy"])
+    assert "llama:pmin:0.4:3" in set(peers["strategy"]) or "pmin:0.4:3" in missing
     spec_rows = peers[peers["strategy"] != "llama:autoregressive"]
     assert spec_rows["same_as_ours"].astype(bool).all()  # its text is ours over the tokens both produced
     assert "llama.cpp" in (out / "summary.md").read_text()
@@ -125,3 +131,29 @@ def test_a_speculative_run_whose_statistics_were_lost_is_repeated(monkeypatch, t
     outputs = iter([("\n\nPROMPTa", "loading draft model\n")] * llama_peer.ATTEMPTS)
     with pytest.raises(RuntimeError, match="no statistics in .* runs: loading draft model"):
         llama_peer.speculative(pair, [1, 2], parse_strategy("pmin:0.4:4:0"), 10)
+
+
+def test_a_peer_run_without_statistics_is_left_out_and_named(tmp_path, monkeypatch):
+    """llama.cpp's example printing no figures in every try (its logger exits unflushed on a busy machine) costs that
+    peer row only: the benchmark finishes, and meta.json and the report name what is missing."""
+    target, assistant = tiny_gguf.write_pair(tmp_path / "pair")
+    calls = []
+
+    def no_statistics(pair, ids, policy, max_new_tokens):
+        calls.append(policy.spec)
+        raise llama_peer.NoStatistics("llama-speculative-simple printed no statistics in 4 runs: (test)")
+
+    monkeypatch.setattr(llama_peer, "has_peer", lambda policy: True)
+    monkeypatch.setattr(llama_peer, "plain", lambda pair, n, reps=1: {"seconds": 1.0, "tokens_per_s": n, "new_tokens": n,
+                                                                       "text": None, "command": "llama-bench (test)"})
+    monkeypatch.setattr(llama_peer, "speculative", no_statistics)
+    out = tmp_path / "out"
+    code = cli.main(["bench", "--models", f"{target}::{assistant}", "--mode", "timed", "--timed-prompts", "1",
+                     "--max-new-tokens", "6", "--prompts", "code-csv-parse", "--timed-strategies",
+                     "autoregressive,pmin:0.4:3", "--out", str(out), "--no-progress"])
+    assert code == 0 and calls == ["pmin:0.4:3"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert [m["strategy"] for m in meta["peer_missing"]] == ["pmin:0.4:3"]
+    assert "missing from the peer table" in (out / "summary.md").read_text()
+    runs = pd.read_csv(out / "runs.csv")
+    assert "llama:pmin:0.4:3" not in set(runs["strategy"]) and "pmin:0.4:3" in set(runs["strategy"])
