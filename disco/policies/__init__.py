@@ -20,6 +20,7 @@ from disco.policies.costaware import CostAware  # noqa: F401,E402
 from disco.policies.classifier import Disco  # noqa: F401,E402
 from disco.policies.pmin import PMin  # noqa: F401,E402
 from disco.policies.lookup import Copy, Lookup  # noqa: F401,E402
+from disco.policies.suffix import Suffix  # noqa: F401,E402
 from disco.policies.sglang import SGLangAdaptive  # noqa: F401,E402
 from disco.policies.bandit import Bandit  # noqa: F401,E402
 

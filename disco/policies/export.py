@@ -39,10 +39,10 @@ def _transformers(policy: Policy) -> dict:
             fields = {"num_assistant_tokens": v["k"], "num_assistant_tokens_schedule": "constant",
                       "assistant_confidence_threshold": v["p"]}
             note, exact = "nearest: transformers' threshold; " + PMIN_NOTE, False
-        elif kind == "copy":
+        elif kind in ("copy", "suffix"):
             fields = {"prompt_lookup_num_tokens": v["k"], "max_matching_ngram_size": 2}
-            note, exact = ("nearest: plain prompt lookup of KMAX tokens (transformers has no evidence gate: it drafts "
-                           "whenever a 2-gram matches)"), False
+            note, exact = ("nearest: plain prompt lookup of KMAX tokens (transformers has no evidence gate or length rule: "
+                           "it drafts whenever a 2-gram matches)"), False
         elif "k" in v:
             fields = {"num_assistant_tokens": v["k"], "num_assistant_tokens_schedule": "constant",
                       "assistant_confidence_threshold": 0.0}
@@ -70,25 +70,30 @@ def _llama(policy: Policy) -> dict:
         flags = ["--spec-type", "draft-simple", "--spec-draft-n-max", str(v["k"]), "--spec-draft-n-min", "0",
                  "--spec-draft-p-min", f"{v['tau']:g}"]
         note, exact = "nearest: " + PMIN_NOTE, False
-    elif kind in ("lookup", "copy"):
+    elif kind in ("lookup", "copy", "suffix"):
         n = v.get("ngram", v.get("min_evidence", 2))
         flags = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(n), "--spec-ngram-simple-size-m",
                  str(v["k"])]
-        note, exact = "nearest: " + LOOKUP_NOTE + ("" if kind == "lookup" else
-                                                  "; DISCO Lab's copy drafts only as many tokens as agree"), False
+        own = {"lookup": "", "copy": "; DISCO Lab's copy drafts only as many tokens as agree",
+               "suffix": "; suffix decoding follows the most frequent continuation, FACTOR × the match long"}
+        note, exact = "nearest: " + LOOKUP_NOTE + own[kind], False
     elif "k" in v:
         flags = ["--spec-type", "draft-simple", "--spec-draft-n-max", str(v["k"]), "--spec-draft-p-min", "0"]
         note, exact = f"no llama.cpp counterpart of `{kind}`; nearest: static K = {v['k']}", False
     else:
         return _entry(None, "", f"no llama.cpp counterpart of `{kind}`", False)
-    model = "" if kind in ("lookup", "copy") else "--spec-draft-model ASSISTANT.gguf "
+    model = "" if kind in ("lookup", "copy", "suffix") else "--spec-draft-model ASSISTANT.gguf "
     return _entry(flags, f"llama-server -m TARGET.gguf {model}" + " ".join(flags), note, exact)
 
 
 def _vllm(policy: Policy, batch_table: list[list[int]] | None) -> dict:
     kind, v = policy.kind, policy.values
-    note, exact = "", kind in ("static", "lookup")
-    if kind in ("lookup", "copy"):
+    note, exact = "", kind in ("static", "lookup", "suffix")
+    if kind == "suffix":  # vLLM's own method (Arctic Inference); its global tree of earlier requests is extra there
+        config = {"method": "suffix", "num_speculative_tokens": v["k"], "suffix_decoding_max_spec_factor": v["factor"],
+                  "suffix_decoding_min_token_prob": v["min_prob"]}
+        note = "vLLM also matches a global tree of earlier requests' outputs (suffix_decoding_max_cached_requests)"
+    elif kind in ("lookup", "copy"):
         low = 1 if kind == "lookup" else v["min_evidence"]
         config = {"method": "ngram", "num_speculative_tokens": v["k"],
                   "prompt_lookup_max": max(low, v.get("ngram", 2)), "prompt_lookup_min": low}

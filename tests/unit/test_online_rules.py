@@ -133,3 +133,27 @@ def test_the_regret_report_sets_the_bandit_against_its_own_arms_in_hindsight():
     assert set(frame["overall_arm"]) == {"static:4"}
     assert "`bandit:4` | 2 | 1.80x | `static:4` | 1.55x" in regret_md(frame.reset_index())
     assert regret_frame(pd.DataFrame(rows).query("strategy != 'bandit:4'")).empty
+
+
+def test_suffix_matches_the_longest_earlier_suffix_and_follows_its_most_frequent_continuation():
+    from disco.policies.suffix import TREE_DEPTH, follow, matches
+
+    ids = [1, 2, 3, 4, 9, 1, 2, 3, 5, 1, 2, 3]
+    assert matches(ids) == (3, [3, 8])  # "1 2 3" twice before, each with a continuation
+    assert follow(ids, [3, 8], 5, 0.1, set()) == [4, 9, 1, 2, 3]  # a tie: the continuation seen first
+    assert follow(ids, [3, 8], 5, 0.6, set()) == []  # each continuation is 1 of 2 occurrences: 0.5 < 0.6
+    assert follow(ids, [3, 8], 5, 0.1, {9}) == [4]  # stops before an end-of-sequence token
+    assert matches([7, 8]) == (0, []) and matches([5]) == (0, [])
+    assert matches([4] * 40)[0] == TREE_DEPTH  # the match is capped at the tree depth
+
+
+def test_suffix_length_rule_is_factor_times_the_match_within_the_tree_depth():
+    ids = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]  # "1 2 3" matched (3 tokens), then 4 5 6 7 8 follow it
+    assert parse_strategy("suffix").propose(ids, 24, set()) == [4, 5, 6]  # FACTOR 1: 3 tokens
+    assert parse_strategy("suffix:2").propose(ids, 24, set()) == [4, 5, 6, 7, 8, 1]  # 6 tokens
+    assert parse_strategy("suffix:2:0.1:4").propose(ids, 24, set()) == [4, 5, 6, 7]  # KMAX
+    assert parse_strategy("suffix:2").propose(ids, 2, set()) == [4, 5]  # the iteration's budget
+    assert parse_strategy("suffix:0.5").propose(ids, 24, set()) == [4]  # int(0.5 x 3)
+    assert parse_strategy("suffix").propose([1, 2, 3], 24, set()) == []  # no earlier match: no draft
+    long = list(range(30)) + list(range(20))  # a 20-token match leaves the tree depth 4 tokens of draft
+    assert parse_strategy("suffix:2").propose(long, 24, set()) == [20, 21, 22, 23]

@@ -114,7 +114,7 @@ def test_a_wrong_acceptance_rule_fails_the_test(small_pair, monkeypatch, wrong_r
     assert p_value(counts, probs) < 1e-6
 
 
-@pytest.mark.parametrize("strategy", ["lookup:2", "copy:4:1"])
+@pytest.mark.parametrize("strategy", ["lookup:2", "copy:4:1", "suffix:2:0.1:4"])
 def test_prompt_lookup_sampling_keeps_the_target_distribution(small_pair, strategy):
     """A copied draft is a point mass: the Leviathan rule with q = one-hot must still give the target's law."""
     prompt = [2, 2, 2, 2, 0, 2, 2]  # "2 2" recurs: every iteration copies a draft the target often (not always) takes
