@@ -22,11 +22,11 @@ import math
 import pandas as pd
 
 from disco.bench.analysis import REFERENCE_SETTING, geomean
-from disco.policies import spec_kind
+from disco.policies import policy_kinds, spec_kind
 
 # the baseline, fixed-length drafting, the bound, and the drafters without a model (prompt lookup: what they copy, not
 # a stopping rule on the assistant's draft, decides their length)
-NOT_DYNAMIC = {"autoregressive", "static", "oracle", "lookup", "copy"}
+NOT_DYNAMIC = {"autoregressive", "static", "oracle"} | {cls.kind for cls in policy_kinds() if cls.proposes}
 FAMILIES = {"static": lambda kind: kind == "static", "threshold": lambda kind: kind == "threshold",
             "dynamic": lambda kind: kind not in NOT_DYNAMIC}
 ALL = "all"

@@ -157,3 +157,13 @@ def test_suffix_length_rule_is_factor_times_the_match_within_the_tree_depth():
     assert parse_strategy("suffix").propose([1, 2, 3], 24, set()) == []  # no earlier match: no draft
     long = list(range(30)) + list(range(20))  # a 20-token match leaves the tree depth 4 tokens of draft
     assert parse_strategy("suffix:2").propose(long, 24, set()) == [20, 21, 22, 23]
+
+
+def test_model_free_drafters_are_not_counted_as_stopping_rules():
+    """The per-kind answer's "best dynamic rule" and the report's "new stopping rule" verdicts leave out every drafter
+    without a model (lookup, copy, suffix): what they copy, not a rule on the assistant's draft, sets their length."""
+    from disco.bench import holdout, kinds
+
+    assert {"lookup", "copy", "suffix"} <= kinds.NOT_DYNAMIC and set(holdout.LOOKUP_KINDS) == {"lookup", "copy", "suffix"}
+    assert kinds.FAMILIES["dynamic"]("bandit") and kinds.FAMILIES["dynamic"]("sglang")
+    assert not kinds.FAMILIES["dynamic"]("suffix")
