@@ -163,8 +163,13 @@ def connect(cfg: ClusterConfig):
     quiet = {"logging_level": logging.WARNING, "log_to_driver": False, "include_dashboard": False}
     try:
         if cfg.address == LOCAL:
-            ray.init(num_cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-                     object_store_memory=256 * 1024 ** 2, runtime_env=_runtime_env(cfg), **quiet)
+            # address="local": a Ray of our own even where `ray start` already runs one on this machine; workers at
+            # niceness 0, not Ray's default 15: the tables are the job (at 15, two busy processes on a 2-core machine
+            # left each worker about 5 % of a core)
+            ray.init(address="local",
+                     num_cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                     object_store_memory=256 * 1024 ** 2, runtime_env=_runtime_env(cfg),
+                     _system_config={"worker_niceness": 0}, **quiet)
         else:
             ray.init(address=cfg.address, runtime_env=_runtime_env(cfg), **quiet)
     except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError: all one line

@@ -38,7 +38,8 @@ def two_nodes():
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 100 * 1024 ** 2,
-                                                           "include_dashboard": False})
+                                                           "include_dashboard": False,
+                                                           "_system_config": {"worker_niceness": 0}})
     cluster.add_node(num_cpus=1, object_store_memory=100 * 1024 ** 2)
     yield cluster.address
     if ray.is_initialized():
@@ -178,3 +179,21 @@ def test_bench_train_and_sampling_take_ray(two_nodes, tmp_path, capsys):
                      "--out", str(tmp_path / "sampling")]) == 0
     assert (tmp_path / "sampling" / "sampling.md").is_file()
     assert os.environ.get("DISCO_LLAMA_THREADS") is None  # the workers' thread count never leaks into the driver
+
+
+def test_ray_local_starts_its_own_ray_with_workers_at_full_priority(two_nodes):
+    """``--ray local`` starts a Ray of its own even while another one runs on this machine (the two-node cluster
+    here), and its workers run at the driver's niceness, not 15 more (Ray's default: under load they starved)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    try:
+        ray_tables.connect(ray_tables.ClusterConfig("local"))
+        assert ray.get_runtime_context().gcs_address != two_nodes
+
+        @ray.remote(num_cpus=1)
+        def niceness():
+            return os.nice(0)
+
+        assert ray.get(niceness.remote()) == os.nice(0)  # the driver's own niceness: none added
+    finally:
+        ray.shutdown()
