@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from disco.policies.base import KMAX, DraftStep, Policy, StrategyError
+from disco.policies.base import KMAX, DraftStep, Policy
 from disco.policies.classic import DEFAULT_MAX_LOOKAHEAD
 
 STATIC_ARMS = (1, 2, 4, 8)
@@ -48,12 +48,6 @@ class Bandit(Policy):
         self.rewards: list[float] = []
         self.played: list[int] = []  # the arm of each iteration, in order (the regret report reads it)
         self.arm = 0
-
-    def bind(self, context) -> None:
-        if context.costs is None:
-            raise StrategyError(f"strategy {self.spec!r} needs a cost profile (this machine's, from "
-                                "'python -m disco profile', or --cost-profile flat:C); none is known yet")
-        super().bind(context)
 
     def _choose(self) -> int:
         for i, n in enumerate(self.plays):

@@ -169,7 +169,11 @@ class Policy:
     # -- the protocol ------------------------------------------------------------------------------
 
     def bind(self, context: RunContext) -> None:
-        """Called once by a run before its first iteration (then ``reset``)."""
+        """Called once by a run before its first iteration (then ``reset``); a kind that ``needs_costs`` refuses a run
+        without a cost profile in one line."""
+        if self.needs_costs and context.costs is None:
+            raise StrategyError(f"strategy {self.spec!r} needs a cost profile (this machine's, from "
+                                "'python -m disco profile', or --cost-profile flat:C); none is known yet")
         self.context = context
         self.reset()
 

@@ -16,7 +16,7 @@ v = 0) the rule is "continue while P_j * p_j > C".
 
 from __future__ import annotations
 
-from disco.policies.base import KMAX, DraftStep, Policy, StrategyError
+from disco.policies.base import KMAX, DraftStep, Policy
 from disco.policies.classic import DEFAULT_MAX_LOOKAHEAD
 
 
@@ -42,12 +42,6 @@ class CostAware(Policy):
         self.marginal: list[float] = []  # marginal[j]: cost of drafting token j+1 (0-based j), in target steps
         if self.context.costs is not None:
             self.marginal = marginal_costs(self.context.costs, self.k)
-
-    def bind(self, context) -> None:
-        if context.costs is None:
-            raise StrategyError(f"strategy {self.spec!r} needs a cost profile (this machine's, from "
-                                "'python -m disco profile', or --cost-profile flat:C); none is known yet")
-        super().bind(context)
 
     def budget(self) -> int:
         if self.marginal and self.marginal[0] >= 1.0:
