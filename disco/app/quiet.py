@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-TOLERANCE = 0.10  # a lane whose live time is more than 10 % off its quiet cost ran on a busy (or different) machine
+from disco.costs.model import QUIET_TOLERANCE as TOLERANCE
 
 
 @dataclass
@@ -64,10 +64,9 @@ def check(decoders, profile, default_precision: str | None) -> QuietCheck | None
         out.live_s[d.strategy] = d.records[-1].elapsed_ms / 1000.0
         precision = getattr(d.policy, "assistant_precision", None) or default_precision
         try:
-            costs = profile.cost_model(precision if precision in profile.precisions else profile.precisions[0])
+            quiet_ms = profile.cost_model_near(precision).lane_ms(d.records, precision)
         except (KeyError, IndexError, AttributeError):
             continue
-        if d.policy.drafts and d.policy.uses_assistant and precision not in profile.precisions:
-            continue
-        out.quiet_s[d.strategy] = costs.records_ms(d.records) / 1000.0
+        if quiet_ms == quiet_ms:  # NaN: it drafted with an assistant the profile did not measure
+            out.quiet_s[d.strategy] = quiet_ms / 1000.0
     return out if out.quiet_s else None

@@ -11,17 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from disco.errors import BenchError
-from disco.limits import as_int
+from disco.limits import as_int, as_text
 
+text = as_text  # a text field: None is empty, any other type one line
 TRUE, FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", ""}
-
-
-def text(value, what: str) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    raise BenchError(f"{what} must be text, got {type(value).__name__}")
 
 
 def flag(value, what: str) -> bool:

@@ -206,6 +206,13 @@ def _skip_all(n: int = 9):
     return tuple(gr.skip() for _ in range(n))
 
 
+def _write_csv(runs) -> str:
+    """The sweep's rows so far as a new CSV for the download (``csv_path`` keeps the newest few)."""
+    path = str(csv_path())
+    runs.to_csv(path, index=False)
+    return path
+
+
 def _stream(get_pair, records, grid, max_new, profile, should_stop, deadline, progress, start):
     """The sweep's updates as the tab's outputs (``_Widgets.outputs``), prompt by prompt, then how it ended."""
     yield ("Loading the models ...", *_skip_all(8))
@@ -221,9 +228,7 @@ def _stream(get_pair, records, grid, max_new, profile, should_stop, deadline, pr
             # stays on disk, and Gradio keeps its own for an hour)
             path = gr.skip()
             if update.done == update.total or time.perf_counter() - written >= CSV_EVERY_S:
-                path = str(csv_path())
-                update.runs.to_csv(path, index=False)
-                written = time.perf_counter()
+                path, written = _write_csv(update.runs), time.perf_counter()
             best = best_settings(update.summary)
             strategies = [p.spec for p in grid if p.spec in set(update.summary.get("strategy", []))]
             pick = best.get("best_threshold") or REFERENCE_SETTING
@@ -239,10 +244,8 @@ def _stream(get_pair, records, grid, max_new, profile, should_stop, deadline, pr
         kept = (f"the {last.done} completed prompt(s) above are kept (CSV included)" if last is not None
                 else "no prompt was completed")
         why = f" ({deadline.reason()})" if deadline.ended_the_run() else ""
-        path = gr.skip()
-        if last is not None:  # every completed prompt in the CSV, however recently the last one was written
-            path = str(csv_path())
-            last.runs.to_csv(path, index=False)
+        # every completed prompt in the CSV, however recently the last one was written
+        path = _write_csv(last.runs) if last is not None else gr.skip()
         yield (f"■ **Stopped** after {time.perf_counter() - start:.1f} s{why}: {kept}; press **Run sweep** "
                "to go on (completed prompts are cached and replay instantly).", *_skip_all(4), path, *_skip_all(3))
     elif last is None:

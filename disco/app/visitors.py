@@ -26,7 +26,6 @@ import gradio as gr
 from disco.limits import env_int
 
 
-
 @dataclass(frozen=True)
 class QueueRules:
     per_visitor: int = 1      # runs one visitor may have waiting or running (0: no limit)

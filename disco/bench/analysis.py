@@ -11,7 +11,7 @@ import pandas as pd
 from disco import theory
 from disco.bench.llama_peer import PREFIX as LLAMA_PREFIX
 from disco.bench.peer import PEER_PREFIX
-from disco.costs.model import CostModel
+from disco.costs.model import QUIET_TOLERANCE, CostModel
 from disco.policies import AUTOREGRESSIVE, REFERENCE as REFERENCE_SETTING, policy_kinds, spec_kind
 
 TIME_TOLERANCE = 0.15  # predicted vs measured seconds, per strategy summed over the timed prompts
@@ -163,9 +163,6 @@ def validation_outcome(val: pd.DataFrame) -> dict:
         "time_ok": bool((err.abs() <= 100 * TIME_TOLERANCE).all()),
         "passed": bool(val["exact"].all() and (err.abs() <= 100 * TIME_TOLERANCE).all()),
     }
-
-
-QUIET_TOLERANCE = 0.10  # a timed run whose own clock is this far off its quiet pass costs ran on a busy machine
 
 
 def quiet_outcome(runs: pd.DataFrame) -> dict:

@@ -15,8 +15,6 @@ from disco.bench import llama_peer
 from disco.bench.runs import PEER_PREFIX, run_row
 from disco.errors import BenchError
 from disco.suites import SuitePrompt
-
-log = logging.getLogger(__name__)
 from disco.decode.divergence import explain as explain_divergence
 from disco.decode.divergence import short as divergence_short
 from disco.decode.live import Decoder
@@ -25,6 +23,8 @@ from disco.decode.settings import DecodeSettings
 from disco.decode.trace import iterations_frame, summarize
 from disco.models.pair import sync
 from disco.policies import AUTOREGRESSIVE, Autoregressive, Policy, Threshold
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -154,11 +154,7 @@ def quiet_columns(records, costs, precision: str | None = None) -> dict:
     """A timed run's own clock beside what its iterations cost under this machine's measured (quiet) pass costs:
     ``live_over_quiet`` far from 1 says the machine was busy while it ran (``disco.app.quiet``, the same check).
     A lane whose assistant (``precision``) is not the one the costs measured is left out."""
-    measured = (costs.meta or {}).get("assistant_precision") if costs is not None else None
-    drafts = any(getattr(r, "draft_calls", 0) for r in records or [])
-    if costs is None or not records or (drafts and precision and measured and precision != measured):
-        return {"quiet_seconds": math.nan, "live_over_quiet": math.nan}
-    quiet = costs.records_ms(records) / 1000.0
+    quiet = costs.lane_ms(records, precision) / 1000.0 if costs is not None and records else math.nan
     return {"quiet_seconds": quiet, "live_over_quiet": records[-1].elapsed_ms / 1000.0 / quiet if quiet else math.nan}
 
 

@@ -107,6 +107,30 @@ def engines_md(engines: pd.DataFrame | None) -> list[str]:
     return lines
 
 
+def _peer_missing_md(missing: list[dict]) -> list[str]:
+    """The peer runs left out because llama.cpp's example printed no figures (``disco.bench.llama_peer``)."""
+    if not missing:
+        return []
+    return ["", f"{len(missing)} run(s) of llama.cpp's example are missing from the peer table: it exited before its "
+                "logger printed its figures in every try (a busy machine; " +
+                ", ".join(f"{m['prompt']} `{m['strategy']}`" for m in missing[:5]) + ")."]
+
+
+def _quiet_md(quiet: dict) -> list[str]:
+    """The timed runs' quiet-cost check (``analysis.quiet_outcome``): how many kept to this machine's pass costs."""
+    if not quiet.get("checked"):
+        return []
+    faster = quiet.get("faster", 0)
+    within = quiet["checked"] - quiet["busy"] - faster
+    return ["", f"Quiet-cost check: {within} of {quiet['checked']} timed runs took within ±10 % of what their own "
+                f"iterations cost under the per-pass costs measured here (median live ÷ quiet "
+                f"{quiet['median']:.3f}, furthest {quiet['worst']:.3f})"
+            + (f"; {quiet['busy']} took longer: the machine was busy while they ran (runs.csv: live_over_quiet), "
+               "so their speed-ups are not this machine's" if quiet["busy"] else "")
+            + (f"; {faster} ran faster than those costs say: the cost profile overstates this machine now (measured "
+               "at a busier moment; `python -m disco profile` measures it again)" if faster else "") + "."]
+
+
 def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | None, validation: dict,
                      val: pd.DataFrame, peers: pd.DataFrame, engines: pd.DataFrame | None = None) -> str:
     # The report's sections in the order a reader meets them (header, headline, heatmap, theory, validation,
@@ -211,11 +235,7 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
             parts += ["", "Measured per-pass costs (median ms): target " +
                       ", ".join(f"{n} tok {ms:.0f}" for n, ms in sorted(t.items())) + "; assistant " +
                       ", ".join(f"{n} tok {ms:.0f}" for n, ms in sorted(a.items())) + "."]
-    missing = meta.get("peer_missing") or []
-    if missing:
-        parts += ["", f"{len(missing)} run(s) of llama.cpp's example are missing from the peer table: it exited before its "
-                      "logger printed its figures in every try (a busy machine; " +
-                      ", ".join(f"{m['prompt']} `{m['strategy']}`" for m in missing[:5]) + ")."]
+    parts += _peer_missing_md(meta.get("peer_missing") or [])
     if peers is not None and not peers.empty:
         name = str(peers["peer"].iloc[0]) if "peer" in peers else "transformers"
         what = ("transformers' assisted generation" if name == "transformers" else
@@ -258,17 +278,7 @@ def summary_markdown(meta: dict, summary: pd.DataFrame, theory: pd.DataFrame | N
                       "in each call), so a near-tied draft token can differ and an iteration accepts one token more "
                       "or less. The target decides the text, which is why it does not change. In fp32, replay "
                       "matches the engine exactly (tests/unit/test_replay.py)."]
-    quiet = meta.get("quiet") or {}
-    if quiet.get("checked"):
-        faster = quiet.get("faster", 0)
-        within = quiet["checked"] - quiet["busy"] - faster
-        parts += ["", f"Quiet-cost check: {within} of {quiet['checked']} timed runs took within ±10 % of what their own "
-                      f"iterations cost under the per-pass costs measured here (median live ÷ quiet "
-                      f"{quiet['median']:.3f}, furthest {quiet['worst']:.3f})"
-                  + (f"; {quiet['busy']} took longer: the machine was busy while they ran (runs.csv: live_over_quiet), "
-                     "so their speed-ups are not this machine's" if quiet["busy"] else "")
-                  + (f"; {faster} ran faster than those costs say: the cost profile overstates this machine now (measured "
-                     "at a busier moment; `python -m disco profile` measures it again)" if faster else "") + "."]
+    parts += _quiet_md(meta.get("quiet") or {})
     parts += ["", f"Wall time of this benchmark: {_fmt(meta.get('wall_seconds'), '.0f')} s.", ""]
     return "\n".join(parts)
 

@@ -211,7 +211,7 @@ def _profile_costs(cfg: BenchConfig, pair, meta: dict) -> CostModel | None:
         return None
     precision = meta.get("assistant_precision")
     meta["quiet_costs"] = f"profile {prof.measured_at}"
-    return prof.cost_model(precision if precision in prof.precisions else prof.precisions[0])
+    return prof.cost_model_near(precision)
 
 
 def _prompt_counts(meta: dict, rows: list[dict]) -> None:

@@ -39,6 +39,9 @@ class CostProfileError(UserError, ValueError):
     """A cost profile that cannot be parsed or read (one line for the user)."""
 
 
+QUIET_TOLERANCE = 0.10  # a run whose own clock is this far off its records' quiet cost ran on a busy (or changed) machine
+
+
 @dataclass
 class CostModel:
     """Measured cost (ms) of one forward pass of each model as a function of the tokens fed to it.
@@ -76,6 +79,14 @@ class CostModel:
         """What a run's iterations cost under this model: its own records (pass sizes), costed as replay costs them.
         Beside a live run's clock, it says whether the machine ran the passes at its measured, quiet speed."""
         return sum(self.iteration_ms(r.target_tokens, r.draft_calls, r.assistant_tokens) for r in records)
+
+    def lane_ms(self, records, precision: str | None) -> float:
+        """``records_ms`` of one lane, or NaN when the lane drafted with an assistant (``precision``) other than the
+        one these costs measured (its steps would be costed at another assistant's price)."""
+        measured = (self.meta or {}).get("assistant_precision")
+        if measured and precision != measured and any(r.draft_calls for r in records):
+            return math.nan
+        return self.records_ms(records)
 
     @property
     def cost_ratio(self) -> float:

@@ -79,6 +79,10 @@ class Profile:
         meta = {"source": "profile", "dtype": self.dtype, "assistant_precision": precision, **self.key}
         return CostModel(sorted(target.items()), sorted(assistant.items()), meta)
 
+    def cost_model_near(self, precision: str | None):
+        """``cost_model`` of ``precision`` where this profile measured it, else of its first assistant."""
+        return self.cost_model(precision if precision in self.precisions else self.precisions[0])
+
     def leviathan(self, precision: str, max_k: int = 32) -> list[dict]:
         """Predicted speed-up per static K with the measured verification cost, and with a flat one."""
         alpha = self.acceptance.get(precision, math.nan)

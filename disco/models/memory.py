@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 OVERHEAD = 1.25  # resident memory over the weights' bytes (embedded pair: 2.2 GiB for 1.6 GB of GGUF, 3.5 for 3.1)
-WEIGHT_SUFFIXES = (".bin", ".gguf", ".safetensors")  # the last found in a folder wins (safetensors first)
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")  # in a folder, the first format found is the one counted
 
 
 def _meminfo_available() -> int | None:
@@ -59,7 +59,7 @@ def weight_bytes(paths) -> int:
             total += path.stat().st_size
         elif path.is_dir():
             # one format per folder: safetensors where there are any (a folder may keep .bin copies beside them)
-            for suffix in WEIGHT_SUFFIXES[::-1]:
+            for suffix in WEIGHT_SUFFIXES:
                 files = [p for p in path.rglob(f"*{suffix}") if p.is_file()]
                 if files:
                     total += sum(p.stat().st_size for p in files)

@@ -28,6 +28,8 @@ class Profile:
     def cost_model(self, precision):
         return self.costs
 
+    cost_model_near = cost_model
+
 
 COSTS = CostModel([(1, 10.0), (2, 11.0), (64, 40.0)], [(1, 3.0), (2, 3.5), (64, 12.0)])
 
