@@ -126,6 +126,8 @@ def _from_sliders(kind: str, k, threshold, max_lookahead) -> Policy:
     if kind not in LANE_KINDS and kind != AUTOREGRESSIVE:
         raise StrategyError(f"unknown policy {kind!r}: choose one of {', '.join(LANE_KINDS)} or type a full spec")
     cls = policy_class(kind)
+    if cls.composite:  # the sliders fill its assistant part (``Hybrid.from_parts``)
+        return cls.from_parts(lambda part: _from_sliders(part, k, threshold, max_lookahead))
     sliders = {"k": k, "threshold": threshold, "kmax": max_lookahead}
     values = {}
     for p in cls.params:

@@ -16,7 +16,7 @@ from disco.bench.analysis import REFERENCE_SETTING, geomean
 from disco.policies import AUTOREGRESSIVE, policy_kinds, spec_kind
 from disco.policies.grids import CLASSIC_KINDS
 
-LOOKUP_KINDS = tuple(cls.kind for cls in policy_kinds() if cls.proposes)  # the drafters without a model
+LOOKUP_KINDS = tuple(cls.kind for cls in policy_kinds() if cls.proposes and not cls.uses_assistant)  # without a model
 COLUMNS = ["kind", "setting", "train_speedup", "test_speedup", "vs_best_static", "vs_best_threshold", "of_oracle",
            "test_drafted"]
 

@@ -26,7 +26,7 @@ from disco.policies import policy_kinds, spec_kind
 
 # the baseline, fixed-length drafting, the bound, and the drafters without a model (prompt lookup: what they copy, not
 # a stopping rule on the assistant's draft, decides their length)
-NOT_DYNAMIC = {"autoregressive", "static", "oracle"} | {cls.kind for cls in policy_kinds() if cls.proposes}
+NOT_DYNAMIC = {"autoregressive", "static", "oracle"} | {cls.kind for cls in policy_kinds() if cls.proposes}  # hybrid too
 FAMILIES = {"static": lambda kind: kind == "static", "threshold": lambda kind: kind == "threshold",
             "dynamic": lambda kind: kind not in NOT_DYNAMIC}
 ALL = "all"

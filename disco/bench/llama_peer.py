@@ -1,6 +1,7 @@
 """llama.cpp's own programs as the timed peer of the llama.cpp engine (transformers' ``generate`` is the torch one):
-``llama-speculative-simple`` (its draft-model speculative decoding) for the settings it has (``pmin`` lanes:
-``--spec-draft-p-min / n-max / n-min``), and ``llama-bench`` for its plain decoding (the ``autoregressive``
+``llama-speculative-simple`` (its speculative decoding) for the settings it has (``pmin`` lanes:
+``--spec-draft-p-min / n-max / n-min``; ``ngram`` lanes: ``--spec-type ngram-simple``; their hybrid: the comma-separated
+``--spec-type ngram-simple,draft-simple``), and ``llama-bench`` for its plain decoding (the ``autoregressive``
 lane). Both are built by ``scripts/llama-build.sh`` from the same vendored tree as the wheel and linked against
 its libraries, so the kernels are the same; they run with llama.cpp's own defaults (weight repacking, its tiled
 matmul, flash attention auto), which is what a llama.cpp user gets.
@@ -36,7 +37,8 @@ def has_peer(policy: Policy) -> bool:
     """Whether llama.cpp has this setting (so it can be timed as the peer)."""
     if isinstance(policy, Autoregressive):
         return binary("llama-bench") is not None
-    return hasattr(policy, "llama_args") and binary("llama-speculative-simple") is not None
+    args = getattr(policy, "llama_args", None)  # a hybrid has them only when both its parts are llama.cpp's rules
+    return args is not None and args() is not None and binary("llama-speculative-simple") is not None
 
 
 def _env() -> dict:

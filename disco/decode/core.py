@@ -9,7 +9,8 @@ backends behind it; the core owns everything else:
      ``policy.drop(DraftStep)`` drops the token just drafted (the oracle; AdaEDL judges a distribution
      before using its token; llama.cpp's p-min), or when ``policy.stop_after(DraftStep)`` says so (that token
      is verified); then ``policy.keep(steps)`` may send fewer (llama.cpp discards drafts shorter than n-min);
-     a policy that ``proposes`` (prompt lookup) drafts instead from the context with no model pass;
+     a policy that ``proposes`` (prompt lookup) drafts instead from the context with no model pass, and a policy that
+     does both (``hybrid``) drafts from the context when that gives a draft, else with the assistant;
   3. verification by the backend (one target pass over what the target has not seen plus the drafts);
   4. accept and cut: accepted drafts + the target's token, cut at EOS and at ``max_new_tokens``;
   5. cache bookkeeping as lengths: the target cache holds ``ids[:-1]`` after every iteration; the
@@ -121,6 +122,7 @@ class IterationCore:
         self.records: list[IterationRecord] = []
         self.done = False
         self.finish_reason: str | None = None
+        self.drafter = "none"              # who drafted this iteration: "assistant", "lookup" (the context) or "none"
 
     @property
     def out_len(self) -> int:
@@ -147,8 +149,22 @@ class IterationCore:
         assistant_fed = 0  # tokens fed to the assistant this iteration (its first pass catches up, then one each)
         stop = STOP_NONE
 
-        # 1-2. draft until the budget, EOS, the oracle or the policy stops it
-        if policy.uses_assistant:
+        # 1-2. a model-free draft from the context first (prompt lookup: a point mass, confidence 1, no model pass);
+        # then, when the policy drafts with the assistant and the context gave nothing, the assistant's draft-stop
+        # loop (a hybrid policy does both: llama.cpp's n-gram drafter before its draft model)
+        drafter = "none"
+        if policy.proposes:
+            k_context = policy.propose_budget()
+            room = max(0, min(k_context, remaining - 1))
+            tokens = policy.propose(self.ids, room, self.eos)[:room]
+            if tokens or not policy.uses_assistant:
+                k_policy, budget, drafter = k_context, room, "lookup"
+                for token in tokens:
+                    steps.append(DraftStep.first(out_len, token, 1.0, 0.0, 1.0, 1.0) if not steps
+                                 else steps[-1].then(token, 1.0, 0.0, 1.0, 1.0))
+                stop = (STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD) if len(tokens) == budget else STOP_SOURCE
+        if policy.uses_assistant and drafter == "none":
+            drafter = "assistant"
             stop = STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD
             for j in range(budget):
                 fed = len(self.ids) - self.a_len if j == 0 else 1  # catch up on committed tokens, then one draft
@@ -170,12 +186,7 @@ class IterationCore:
                 if policy.stop_after(step):
                     stop = STOP_CONFIDENCE
                     break
-        elif policy.proposes:  # copied from the context: a point-mass draft (confidence 1), no model pass
-            tokens = policy.propose(self.ids, budget, self.eos)[:budget]
-            for token in tokens:
-                steps.append(DraftStep.first(out_len, token, 1.0, 0.0, 1.0, 1.0) if not steps
-                             else steps[-1].then(token, 1.0, 0.0, 1.0, 1.0))
-            stop = (STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD) if len(tokens) == budget else STOP_SOURCE
+        self.drafter = drafter
         kept = policy.keep(steps) if steps else 0
         if kept < len(steps):  # e.g. llama.cpp's n-min: a draft too short to be worth sending is not sent
             steps, stop = steps[:kept], STOP_SHORT
@@ -238,8 +249,8 @@ class IterationCore:
             new_tokens=self.out_len, target_tokens=target_fed, draft_calls=draft_calls, assistant_tokens=assistant_fed,
             forward_ms=forward_ms,
             confidences=confidences,
-            assistant_precision=backend.assistant_precision if policy.uses_assistant else "none",
-            drafter="assistant" if policy.uses_assistant else ("lookup" if policy.proposes else "none"),
+            assistant_precision=backend.assistant_precision if drafter == "assistant" else "none",
+            drafter=drafter,
         )
         self.records.append(record)
         return record

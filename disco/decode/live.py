@@ -130,7 +130,7 @@ class Decoder(CoreView):
         logits, ms = self._forward(self.target, feed, len(drafts) + 1)
         if self.settings.sample:
             p = distribution(logits, self.settings)
-            if self.policy.proposes:  # a copied draft is a point mass on the copied token
+            if core.drafter == "lookup":  # a copied draft is a point mass on the copied token
                 q = torch.zeros_like(p[: len(drafts)])
                 q[torch.arange(len(drafts)), torch.tensor(drafts, dtype=torch.long)] = 1.0
             else:

@@ -113,7 +113,8 @@ class Snapshot:
             row["done"] = d.done
             row["finish_reason"] = d.finish_reason
             row["assistant_precision"] = d.pair.assistant_precision if d.policy.uses_assistant else "none"
-            row["drafter"] = "assistant" if d.policy.uses_assistant else ("lookup" if d.policy.proposes else "none")
+            row["drafter"] = ("hybrid" if d.policy.uses_assistant and d.policy.proposes else "assistant"
+                              if d.policy.uses_assistant else ("lookup" if d.policy.proposes else "none"))
             row["speedup"] = (base_seconds / row["seconds"]) if base_seconds and d.done and row["seconds"] > 0 else math.nan
             row["divergence"] = None
             if self.settings.sample or base is None or not (base.done and d.done):

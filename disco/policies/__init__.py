@@ -19,10 +19,11 @@ from disco.policies.cumulative import Cumulative  # noqa: F401,E402
 from disco.policies.costaware import CostAware  # noqa: F401,E402
 from disco.policies.classifier import Disco  # noqa: F401,E402
 from disco.policies.pmin import PMin  # noqa: F401,E402
-from disco.policies.lookup import Copy, Lookup  # noqa: F401,E402
+from disco.policies.lookup import Copy, Lookup, NGram  # noqa: F401,E402
 from disco.policies.suffix import Suffix  # noqa: F401,E402
 from disco.policies.sglang import SGLangAdaptive  # noqa: F401,E402
 from disco.policies.bandit import Bandit  # noqa: F401,E402
+from disco.policies.hybrid import Hybrid  # noqa: F401,E402
 
 AUTOREGRESSIVE = Autoregressive.kind
 REFERENCE = Threshold.canonical  # transformers' defaults (tau 0.4, at most 20 drafts): the seed's setting

@@ -142,6 +142,7 @@ class Policy:
     needs_costs: ClassVar[bool] = False          # cannot run without the run's cost profile (RunContext.costs)
     reads_costs: ClassVar[bool] = False          # uses the cost profile when the run has one (and runs without)
     in_default_grid: ClassVar[bool] = True
+    composite: ClassVar[bool] = False            # its spec holds other kinds' specs (``compose`` parses it)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -189,6 +190,11 @@ class Policy:
 
     def budget(self) -> int:
         return getattr(self, "k", 0) if self.uses_assistant else 0
+
+    def propose_budget(self) -> int:
+        """The most tokens a model-free draft (``propose``) may hold this iteration; ``budget()`` unless a policy drafts
+        both ways (``hybrid``: its context drafter's length, while ``budget()`` is its assistant rule's)."""
+        return self.budget()
 
     def propose(self, ids: list[int], budget: int, eos) -> list[int]:
         """A model-free draft of at most ``budget`` tokens from the context ``ids`` (prompt + output so far), for a
@@ -250,6 +256,11 @@ class Policy:
         return out + closing
 
     @classmethod
+    def compose(cls, spec: str, rest: str) -> "Policy":
+        """A composite kind's policy from the text after ``kind:`` (only kinds with ``composite`` set)."""
+        raise NotImplementedError
+
+    @classmethod
     def unavailable(cls) -> str | None:
         """Why this kind cannot run here (e.g. no trained classifier), or None."""
         return None
@@ -279,6 +290,8 @@ def grammar_line() -> str:
 def canonical_spec(kind: str, **values) -> str:
     """A spec spelled the benchmark's way: every parameter written out, floats shortest."""
     cls = policy_class(kind)
+    if cls.composite:  # spelled by its parts (each canonical already when built from policies)
+        return cls(**values).spec
     parts = [kind]
     for p in cls.params:
         value = values.get(p.name, p.default)
@@ -308,6 +321,9 @@ def parse_strategy(spec: str) -> Policy:
     base, precision = split_precision(spec)
     name, *args = base.split(":")
     cls = _REGISTRY.get(name.strip())
+    if cls is not None and cls.composite:  # a spec made of other specs (hybrid:CONTEXT+ASSISTANT)
+        policy = cls.compose(spec, base.split(":", 1)[1] if args else "")
+        return policy.drafting_with(precision) if precision is not None else policy
     required = sum(p.default is None for p in cls.params) if cls else 0
     if cls is None or not required <= len(args) <= len(cls.params):
         raise StrategyError(f"unknown strategy {spec!r}: use {grammar_line()}")

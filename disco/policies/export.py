@@ -22,6 +22,10 @@ SKLEARN_NOTE = ("with scikit-learn installed, transformers adapts a non-zero ass
 PMIN_NOTE = ("llama.cpp's p-min differs from transformers' threshold: it compares the drafted token's probability "
              "renormalized over the draft's 10 likeliest tokens, and a token below p-min is dropped, not sent "
              "(transformers sends it and stops); DISCO Lab's `pmin:P:NMAX` is that rule, race it beside `threshold`")
+HYBRID_NOTE = ("transformers drafts with prompt lookup or with an assistant, never both: the assistant part's setting, "
+               "without the context drafter")
+VLLM_HYBRID_NOTE = ("vLLM runs one drafting method per server (its ngram-eagle hybrid, PR #24344, pairs n-gram with "
+                    "EAGLE heads, not a draft model): the assistant part's setting, without the context drafter")
 LOOKUP_NOTE = ("llama.cpp's ngram-simple matches exactly N tokens at their latest earlier occurrence and drafts M; "
                "transformers matches the earliest occurrence of the longest n-gram up to N")
 
@@ -30,7 +34,14 @@ def _entry(config: dict | None, text: str, note: str = "", exact: bool = True) -
     return {"config": config, "text": text, "note": note, "exact": exact and config is not None}
 
 
+def _part_of(entry: dict, note: str) -> dict:
+    """An engine's entry for a hybrid's assistant part, marked as the nearest setting."""
+    return _entry(entry["config"], entry["text"], "; ".join(n for n in (note, entry["note"]) if n), False)
+
+
 def _transformers(policy: Policy) -> dict:
+    if policy.composite:
+        return _part_of(_transformers(policy.from_assistant), HYBRID_NOTE)
     kind, v = policy.kind, policy.values
     fields = policy.hf_kwargs()
     note, exact = "", True
@@ -57,10 +68,26 @@ def _transformers(policy: Policy) -> dict:
     return _entry(fields, text, note, exact)
 
 
+def _llama_hybrid(policy: Policy) -> dict:
+    """llama.cpp's comma-separated --spec-type: its n-gram drafter first, its draft model when that has no draft."""
+    context, assistant = _llama(policy.from_context), _llama(policy.from_assistant)
+    if context["config"] is None or assistant["config"] is None:
+        return _entry(None, "", "no llama.cpp counterpart of one of its parts", False)
+    types = f"{context['config'][1]},{assistant['config'][1]}"
+    flags = ["--spec-type", types] + context["config"][2:] + assistant["config"][2:]
+    exact = context["exact"] and assistant["exact"]
+    notes = [n for n in (context["note"], assistant["note"]) if n]
+    note = "llama.cpp asks its n-gram drafter first and drafts with the model only when that finds no match"
+    return _entry(flags, "llama-server -m TARGET.gguf --spec-draft-model ASSISTANT.gguf " + " ".join(flags),
+                  "; ".join([note] + notes), exact)
+
+
 def _llama(policy: Policy) -> dict:
+    if policy.composite:
+        return _llama_hybrid(policy)
     kind, v = policy.kind, policy.values
     note, exact = "", True
-    if kind == "pmin":
+    if kind in ("pmin", "ngram"):
         flags = policy.llama_args()
     elif kind == "static":
         flags = ["--spec-type", "draft-simple", "--spec-draft-n-max", str(v["k"]), "--spec-draft-n-min", "0",
@@ -82,23 +109,28 @@ def _llama(policy: Policy) -> dict:
         note, exact = f"no llama.cpp counterpart of `{kind}`; nearest: static K = {v['k']}", False
     else:
         return _entry(None, "", f"no llama.cpp counterpart of `{kind}`", False)
-    model = "" if kind in ("lookup", "copy", "suffix") else "--spec-draft-model ASSISTANT.gguf "
+    model = "" if policy.proposes else "--spec-draft-model ASSISTANT.gguf "
     return _entry(flags, f"llama-server -m TARGET.gguf {model}" + " ".join(flags), note, exact)
 
 
 def _vllm(policy: Policy, batch_table: list[list[int]] | None) -> dict:
+    if policy.composite:
+        return _part_of(_vllm(policy.from_assistant, batch_table), VLLM_HYBRID_NOTE)
     kind, v = policy.kind, policy.values
     note, exact = "", kind in ("static", "lookup", "suffix")
     if kind == "suffix":  # vLLM's own method (Arctic Inference); its global tree of earlier requests is extra there
         config = {"method": "suffix", "num_speculative_tokens": v["k"], "suffix_decoding_max_spec_factor": v["factor"],
                   "suffix_decoding_min_token_prob": v["min_prob"]}
         note = "vLLM also matches a global tree of earlier requests' outputs (suffix_decoding_max_cached_requests)"
-    elif kind in ("lookup", "copy"):
-        low = 1 if kind == "lookup" else v["min_evidence"]
+    elif kind in ("lookup", "copy", "ngram"):
+        low = {"lookup": 1, "copy": v.get("min_evidence"), "ngram": v.get("ngram")}[kind]
         config = {"method": "ngram", "num_speculative_tokens": v["k"],
                   "prompt_lookup_max": max(low, v.get("ngram", 2)), "prompt_lookup_min": low}
         if kind == "copy":
             note = "nearest: vLLM's n-gram proposer drafts a fixed number of tokens"
+        elif kind == "ngram":
+            exact, note = False, ("nearest: vLLM's n-gram proposer matching exactly N tokens; where it takes the match and "
+                                  "how many tokens it sends differ from llama.cpp's ngram-simple")
     elif "k" in v:
         k = v["k"]
         if kind != "static":

@@ -27,6 +27,8 @@ def rule_kinds() -> list[str]:
 def kind_grid(kind: str, kmaxes: Iterable[int] | None = None) -> list[Policy]:
     """A kind's grid from its parameters' metadata; its KMAX values replaced by ``kmaxes`` when given."""
     cls = policy_class(kind)
+    if cls.composite:  # its own grid of parts (``Hybrid.grid``)
+        return cls.grid()
     combos = [{}]
     for p in cls.params:
         values = tuple(kmaxes) if (kmaxes is not None and p.slider == "kmax") else (p.grid or (p.default,))

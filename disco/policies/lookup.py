@@ -120,3 +120,45 @@ class Copy(Lookup):
 
     def hf_kwargs(self) -> None:
         return None
+
+
+def latest_match(ids: list[int], n: int, m: int) -> list[int]:
+    """llama.cpp's ``common_ngram_simple_draft`` (vendored ``common/ngram-map.cpp``) on ``ids`` = its token history
+    plus the token just sampled: the *latest* earlier occurrence of the last ``n`` tokens (position 0 never counts,
+    nor the current place), the up to ``m`` tokens that followed it there, and nothing unless at least ``n`` follow
+    or the history holds more than ``n + m + 1`` tokens (its own guards, kept as written)."""
+    history = len(ids) - 1  # llama.cpp's cur_len: the sampled token is the pattern's last, not in its history
+    if history <= n + m + 1:
+        return []
+    pattern = ids[-n:]
+    for j in range(history - n - 1, 0, -1):
+        if ids[j:j + n] == pattern:
+            count = min(m, history - (j + n))
+            return ids[j + n:j + n + count] if count >= n else []
+    return []
+
+
+class NGram(Lookup):
+    """llama.cpp's ``ngram-simple`` drafter: its match (the latest occurrence of exactly N tokens) and its length."""
+
+    kind = "ngram"
+    summary = ("llama.cpp's ngram-simple: copy up to M tokens from the latest earlier place where the last N tokens "
+               "occur, nothing unless at least N follow it (no assistant)")
+    params = (Param("ngram", "N", int, 1, 64, 12, "--spec-ngram-simple-size-n: the n-gram matched", "", (2, 3, 4, 12)),
+              Param("k", "M", int, 1, KMAX().hi, 48, "--spec-ngram-simple-size-m: the most tokens copied", "k",
+                    (16, 48)))
+    color = "#999933"  # olive (Tol)
+    canonical = "ngram:12:48"
+    cite = "llama.cpp common/ngram-map.cpp common_ngram_simple_draft (--spec-type ngram-simple), llama-cpp-python 0.3.36"
+
+    def propose(self, ids: list[int], budget: int, eos) -> list[int]:
+        # llama.cpp neither cuts its n-gram draft at an end-of-sequence token nor stops the search early: neither
+        # changes the output (the core cuts what is accepted at EOS), only what is verified
+        return latest_match(ids, self.ngram, self.k)[:budget] if budget > 0 else []
+
+    def hf_kwargs(self) -> None:
+        return None
+
+    def llama_args(self) -> list[str]:
+        return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(self.ngram),
+                "--spec-ngram-simple-size-m", str(self.k)]

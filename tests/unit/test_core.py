@@ -95,7 +95,8 @@ def test_a_dropped_draft_is_neither_verified_nor_kept():
     assert backend.fed["target"] == [1 + 1] and core.output_ids == [5, 6]  # 6: the target's own token (a bonus)
 
 
-SPECS = [cls.canonical for cls in policy_kinds()] + ["adaptive:0.7:4", "entropy:0.6:6", "costaware:5"]
+SPECS = [cls.canonical for cls in policy_kinds()] + ["adaptive:0.7:4", "entropy:0.6:6", "costaware:5",
+                                                     "hybrid:lookup:3+threshold:0.3:5", "hybrid:ngram:1:4+sglang"]
 
 
 @pytest.mark.parametrize("prompt,chat", [("def fibonacci(n):", False), ("Explain KV caches.", True)])

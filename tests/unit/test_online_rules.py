@@ -164,6 +164,7 @@ def test_model_free_drafters_are_not_counted_as_stopping_rules():
     without a model (lookup, copy, suffix): what they copy, not a rule on the assistant's draft, sets their length."""
     from disco.bench import holdout, kinds
 
-    assert {"lookup", "copy", "suffix"} <= kinds.NOT_DYNAMIC and set(holdout.LOOKUP_KINDS) == {"lookup", "copy", "suffix"}
+    model_free = {"lookup", "copy", "suffix", "ngram"}
+    assert model_free | {"hybrid"} <= kinds.NOT_DYNAMIC and set(holdout.LOOKUP_KINDS) == model_free
     assert kinds.FAMILIES["dynamic"]("bandit") and kinds.FAMILIES["dynamic"]("sglang")
     assert not kinds.FAMILIES["dynamic"]("suffix")

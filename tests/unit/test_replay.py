@@ -33,6 +33,8 @@ SPECS = [
     "oracle", "oracle:3", "oracle:1",
     "adaptive", "adaptive:0.7:5", "adaptive:0.2:3", "entropy:0.5", "entropy:0.2:6", "entropy:0.9:20",
     "cumulative:0.5", "cumulative:0.2:8", "cumulative:0.9:3", "costaware", "costaware:4", "disco", "disco:5",
+    "ngram:1:4", "ngram:2:8", "hybrid:lookup:4+static:3", "hybrid:ngram:1:4+threshold:0.3:6",
+    "hybrid:copy:8:1+pmin:0.3:4:2", "hybrid:suffix:1:0.1:6+heuristic:3",
 ]
 # every run, live or replayed, gets this cost model (the cost-aware policy reads it; verification grows with k)
 COSTS = CostModel(target=[(1, 100.0), (2, 104.0), (4, 112.0), (40, 300.0)], assistant=[(1, 8.0), (40, 30.0)])
@@ -109,11 +111,12 @@ def test_default_grid_replays_like_the_engine(tiny_pair):
     classic = 1 + 11 + 1 + 19 * 4 + 1
     assert grid[0].spec == "autoregressive" and len(default_grid(kinds=())) == classic
     assert {p.kind for p in grid[classic:]} == {"adaptive", "entropy", "cumulative", "costaware", "disco", "pmin", "lookup", "copy",
-                                              "suffix", "sglang", "bandit"}
+                                              "ngram", "suffix", "sglang", "bandit", "hybrid"}
     ids = encode_prompt(tiny_pair, "Explain KV caches.", True, 24)
     table = build_table(tiny_pair, ids, 24)
     results = replay_many(table, grid, 24, COSTS)
-    online = [p.spec for p in grid if p.kind in ("sglang", "bandit", "suffix")]  # the rules added last, every setting
+    online = [p.spec for p in grid if p.kind in ("sglang", "bandit", "suffix", "ngram")]  # the rules added last
+    online += [p.spec for p in grid if p.kind == "hybrid"][::5]
     for spec in [p.spec for p in grid[::7]] + ["threshold:0.4:20", "oracle:20", "heuristic:5", "static:20"] + online:
         _assert_same(_real(tiny_pair, ids, spec, 24), results[spec], spec)
 

@@ -38,7 +38,7 @@ def exact_joint(pair, settings: DecodeSettings, prompt: list[int] = PROMPT) -> d
 
 
 def sample_counts(pair, settings: DecodeSettings, strategy: str,
-                  prompt: list[int] = PROMPT) -> tuple[dict[tuple, int], float]:
+                  prompt: list[int] = PROMPT, drafters: set | None = None) -> tuple[dict[tuple, int], float]:
     counts: dict[tuple, int] = {}
     drafted = accepted = 0
     for seed in range(SAMPLES):
@@ -50,6 +50,8 @@ def sample_counts(pair, settings: DecodeSettings, strategy: str,
         counts[key] = counts.get(key, 0) + 1
         drafted += sum(r.lookahead for r in d.records)
         accepted += sum(r.accepted for r in d.records)
+        if drafters is not None:
+            drafters |= {r.drafter for r in d.records if r.lookahead}
     return counts, accepted / max(drafted, 1)
 
 
@@ -121,6 +123,20 @@ def test_prompt_lookup_sampling_keeps_the_target_distribution(small_pair, strate
     settings = DecodeSettings(**SETTINGS)
     probs = exact_joint(small_pair, settings, prompt)
     counts, acceptance = sample_counts(small_pair, settings, strategy, prompt)
+    assert 0.1 < acceptance < 0.95
+    assert p_value(counts, probs) > 1e-3
+
+
+@pytest.mark.parametrize("strategy", ["hybrid:lookup:2:1+static:2", "hybrid:ngram:1:2+threshold:0.5:2"])
+def test_hybrid_sampling_keeps_the_target_distribution(small_pair, strategy):
+    """A hybrid verifies copied drafts (a point mass) and the assistant's (its q rows) in one run: both must keep the
+    target's law, and both must have drafted in the samples."""
+    prompt = [2, 2, 0, 1, 2, 3]  # a match for some continuations, none for others
+    settings = DecodeSettings(**SETTINGS)
+    probs = exact_joint(small_pair, settings, prompt)
+    used: set = set()
+    counts, acceptance = sample_counts(small_pair, settings, strategy, prompt, used)
+    assert used == {"lookup", "assistant"}
     assert 0.1 < acceptance < 0.95
     assert p_value(counts, probs) > 1e-3
 
