@@ -11,6 +11,7 @@ import pandas as pd
 
 from disco.bench.heatmap import heatmap_figure, heatmap_grid, heatmap_svg
 from disco.bench.kinds import kind_answer, kind_answer_md, leave_one_kind_out, leave_one_kind_out_md
+from disco.bench.drafters import drafter_answer, drafter_answer_md, paired, paired_md
 from disco.bench.online import regret_frame, regret_md
 from disco.bench.build import prompts_md
 from disco.bench.holdout import best_new, holdout_frame, holdout_md, kind_holdout, kind_holdout_md
@@ -397,11 +398,12 @@ def _kind_sections(out: Path, runs: pd.DataFrame, meta: dict, text: str, files: 
         loko.to_csv(out / "kinds_holdout.csv", index=False)
         files["kinds_holdout"] = out / "kinds_holdout.csv"
         text = text.rstrip("\n") + "\n\n" + leave_one_kind_out_md(loko)
-    regret = regret_frame(runs)
-    if not regret.empty:
-        regret.to_csv(out / "regret.csv", index=False)
-        files["regret"] = out / "regret.csv"
-        text = text.rstrip("\n") + "\n\n" + regret_md(regret)
+    for name, frame, md in (("regret", regret_frame(runs), regret_md),
+                            ("drafters", drafter_answer(runs), drafter_answer_md), ("hybrid_pairs", paired(runs), paired_md)):
+        if not frame.empty:
+            frame.to_csv(out / f"{name}.csv", index=False)
+            files[name] = out / f"{name}.csv"
+            text = text.rstrip("\n") + "\n\n" + md(frame)
     section = prompts_md(meta)
     return text.rstrip("\n") + "\n\n" + section if section else text
 

@@ -24,10 +24,12 @@ from disco.policies.base import DraftStep, Policy, RunContext, StrategyError, pa
 
 DEFAULT_CONTEXT = "copy:16:3"
 DEFAULT_ASSISTANT = "threshold:0.4:20"
-CONTEXTS = ("copy:16:2", "copy:16:3", "copy:16:4", "lookup:10", "ngram:3:16", "ngram:12:48")  # the default grid's
+# the default grid: context drafters from eager to strict, times assistant rules from eager to the cost-aware one
+# (which drafts nothing where no draft pays: then the hybrid is its context drafter alone, a plain step on a miss)
+CONTEXTS = ("copy:16:2", "copy:16:3", "copy:16:5", "lookup:10", "ngram:3:16", "ngram:12:48")
 ASSISTANTS = ("threshold:0.2:10", "threshold:0.4:10", "threshold:0.6:10", "threshold:0.8:10", "threshold:0.2:20",
               "threshold:0.4:20", "threshold:0.6:20", "threshold:0.8:20", "static:1", "static:2", "static:4",
-              "pmin:0.4:3")
+              "pmin:0.4:3", "costaware:10", "costaware:20")
 
 
 def _part(part, role: str, spec: str) -> Policy:
