@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from disco.policies.base import DraftStep, Policy, RunContext, StrategyError, parse_strategy
+from disco.policies.base import DraftStep, Policy, RunContext, StrategyError, parse_strategy, policy_kinds
 
 DEFAULT_CONTEXT = "copy:16:3"
 DEFAULT_ASSISTANT = "threshold:0.4:20"
@@ -96,7 +96,12 @@ class Hybrid(Policy):
 
     @classmethod
     def grid(cls) -> list["Hybrid"]:
-        return [cls(context=c, assistant=a) for a in ASSISTANTS for c in CONTEXTS]
+        """Every context drafter of ``CONTEXTS`` with every rule of ``ASSISTANTS`` and every other assistant rule at its
+        canonical setting (those that can run here: ``disco`` needs its trained classifier)."""
+        canonical = [k.canonical for k in policy_kinds() if k.uses_assistant and not k.proposes and k.kind != "oracle"
+                     and k.unavailable() is None]
+        assistants = list(dict.fromkeys(ASSISTANTS + tuple(canonical)))
+        return [cls(context=c, assistant=a) for a in assistants for c in CONTEXTS]
 
     # -- the protocol, each hook answered by the part that drafts ------------------------------------
 
