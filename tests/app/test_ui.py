@@ -325,3 +325,14 @@ def test_the_idle_app_polls_gradio_queue_slowly():
     assert demo._queue.sleep_when_free == app.IDLE_POLL_S
     assert demo._queue.progress_update_sleep_when_free == 2 * app.IDLE_POLL_S
     demo.close()
+
+
+def test_the_sweeps_default_grid_fits_its_settings_limit_and_hybrids_fit_when_ticked():
+    from disco.app import sweep_tab
+    from disco.limits import Budgets
+
+    limit = Budgets().sweep_settings
+    defaults = (sweep_tab.DEFAULT_STATIC, sweep_tab.DEFAULT_TAUS, sweep_tab.DEFAULT_KMAXES, True, True)
+    assert len(sweep_tab.grid_policies(*defaults, rules=sweep_tab.default_rules())) <= limit
+    assert "hybrid" not in sweep_tab.default_rules() and "hybrid" in sweep_tab.RULE_CHOICES
+    assert len(sweep_tab.grid_policies(*defaults, rules=["hybrid"])) <= limit
