@@ -12,7 +12,7 @@ import time
 
 from disco.app import machine_tab, plots, zerogpu
 from disco.app.session import COMPUTE_LOCK
-from disco.bench import machine_profile
+from disco.bench import kernel_price, machine_profile
 from disco.costs import profile
 from disco.errors import InputError, Interrupted
 from disco.models import ModelLoadError, background, engine_choice, load_pair, memory, resolve_assistant
@@ -53,6 +53,8 @@ class ModelLoader:
         self._profile_done = threading.Event()
         self._others_done = threading.Event()
         self.other_engine_note: str | None = None
+        self.kernels: dict | None = None  # what exact kernels cost here (disco.bench.kernel_price), llama.cpp only
+        self.kernels_note: str | None = None
         self._figures: tuple | None = None  # (the tab's text, its two figures): drawn once per text
         self._thread: threading.Thread | None = None
 
@@ -77,6 +79,7 @@ class ModelLoader:
         finally:
             self._done.set()
         self._measure_profile()
+        self._price_kernels()
         self._measure_other_engines()
 
     def _measure_profile(self) -> None:
@@ -106,6 +109,32 @@ class ModelLoader:
             self.profile_error = f"{type(exc).__name__}: {exc}"
         finally:
             self._profile_done.set()
+
+    def _price_kernels(self) -> None:
+        """llama.cpp's exact kernels priced against its defaults (``disco.bench.kernel_price``): read from the cache, or
+        measured once in the background with llama-bench (about a minute, taking turns like the profile) where the
+        machine has room for the second copy of the target's weights that llama.cpp's repacking makes."""
+        path = getattr(self.pair, "target_path", None)
+        if path is None or getattr(self.pair, "engine", None) != "llamacpp" or not self.profile_enabled:
+            return
+        try:
+            self.kernels = kernel_price.load_cached(path)
+            if self.kernels is not None:
+                return
+            need, free = memory.need_bytes([path]), memory.available_bytes()
+            if free is not None and need > free:
+                self.kernels_note = (f"pricing them needs about {memory.gib(need)} more memory and this machine has "
+                                     f"{memory.gib(free)} free (`python -m disco profile --kernels` does it elsewhere)")
+                return
+
+            def step(message: str) -> None:
+                self.profile_step = message
+            self.kernels = kernel_price.get(path, chunk=lambda: COMPUTE_LOCK.background, say=step)
+        except Interrupted:  # the process is exiting
+            pass
+        except Exception as exc:  # the tab says why; the rest of the app works without it
+            log.exception("pricing llama.cpp's kernels failed")
+            self.kernels_note = f"{type(exc).__name__}: {exc}"
 
     def _measure_other_engines(self) -> None:
         """The other engines this deployment offers, profiled in the background once (taking turns like the app's own
@@ -221,7 +250,8 @@ class ModelLoader:
         busy = not (self._profile_done.is_set() and self._others_done.is_set())
         return machine_tab.markdown(data, cal.to_dict() if cal is not None else None,
                                     self.profile_step if busy else None, self.profile_error,
-                                    self.pair.describe() if self.pair is not None else None, engines)
+                                    self.pair.describe() if self.pair is not None else None, engines,
+                                    machine_tab.kernels_md(self.kernels, self.kernels_note))
 
     def machine_outputs(self, md: str | None = None) -> tuple:
         """The tab's text and figures; the figures are drawn once per text (a caller cannot make the app redraw them

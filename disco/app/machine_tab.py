@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import math
 
+from disco.bench.kernel_price import markdown as kernel_markdown
 from disco.policies.export import take_away_md
 from disco.text import times as _x
 
@@ -35,8 +36,15 @@ def engines_md(decision: dict | None, measured: list[str], offered: list[str]) -
             + "\n\n" + "\n".join(rows))
 
 
+def kernels_md(kernels: dict | None, note: str | None = None) -> str:
+    """llama.cpp's exact kernels priced against its defaults and the memory floor (``disco.bench.kernel_price``)."""
+    if kernels is not None:
+        return kernel_markdown(kernels)
+    return f"**What exact kernels cost here:** not measured: {html.escape(note)}." if note else ""
+
+
 def markdown(profile: dict | None, calibration: dict | None, step: str | None, error: str | None,
-             pair: dict | None, engines: str = "") -> str:
+             pair: dict | None, engines: str = "", kernels: str = "") -> str:
     parts = []
     if profile is not None:
         parts.append(f"**Machine:** {html.escape(profile['machine'])}, torch {profile['key']['torch']}")
@@ -91,6 +99,8 @@ def markdown(profile: dict | None, calibration: dict | None, step: str | None, e
                      "almost as much as a target step (see the chart), so the `auto` lane runs the target alone.")
     if engines:
         parts.append(engines)
+    if kernels:
+        parts.append(kernels)
     if step and not profile.get("preliminary"):  # the background is still at work: comparing the engines
         parts.append(f"○ {html.escape(step)}")
     for settings in profile.get("take_away") or ():

@@ -203,6 +203,9 @@ def add_profile(sub) -> None:
     p.add_argument("--refresh", action="store_true", help="measure again even if this machine's profile is cached")
     p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
     p.add_argument("--csv", type=Path, help="also write the per-pass costs here (role, precision, kind, tokens, ms)")
+    p.add_argument("--kernels", action="store_true",
+                   help="llama.cpp engine: also price its exact kernels against llama.cpp's defaults with llama-bench, "
+                        "and show the memory floor of a pass (about a minute once; cached)")
     p.set_defaults(func=cmd_profile)
 
 
@@ -270,10 +273,20 @@ def cmd_profile(args) -> int:
                                max_new_tokens=args.max_new_tokens, reps=args.reps, log=_log)
     if args.csv:
         write_csv(prof.cost_rows(), args.csv)
+    kernels = None
+    if args.kernels:
+        from disco.bench import kernel_price
+
+        if getattr(pair, "engine", None) != "llamacpp":
+            raise InputError("--kernels prices llama.cpp's kernels: use it with --engine llamacpp")
+        kernels = kernel_price.get(pair.target_path, refresh=args.refresh, say=_log)
     if args.json:
-        print(json.dumps(options.json_safe(prof.to_dict()), ensure_ascii=False))
+        data = prof.to_dict() | ({"kernels": kernels, "kernels_summary": kernel_price.summary(kernels)} if kernels else {})
+        print(json.dumps(options.json_safe(data), ensure_ascii=False))
     else:
         print_profile(prof)
+        if kernels:
+            print("\n" + kernel_price.markdown(kernels))
     return 0
 
 

@@ -30,7 +30,8 @@ from disco.replay.tables import build_table  # noqa: E402
 STRATEGIES = [
     "autoregressive", "static:1", "static:3", "static:8", "heuristic:2", "threshold:0.4:20", "threshold:0.0:6",
     "threshold:0.9:3", "oracle", "oracle:3", "adaptive:0.4:8", "entropy:0.5:8", "cumulative:0.5:8", "costaware:8",
-    "disco:6", "pmin:0.4:8", "pmin:0.2:6:2", "lookup:4", "copy:16",
+    "disco:6", "pmin:0.4:8", "pmin:0.2:6:2", "lookup:4", "copy:16", "suffix", "sglang", "bandit:6", "ngram:1:4",
+    "hybrid:lookup:4+static:3", "hybrid:ngram:1:4+pmin:0.4:8", "hybrid:copy:16:2+costaware:8",
 ]
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "x", "{'a': 1, 'b': [2, 3]}"]
 COSTS = CostModel(target=[(1, 100.0), (2, 104.0), (4, 112.0), (40, 300.0)], assistant=[(1, 8.0), (40, 30.0)])
