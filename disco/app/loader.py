@@ -129,7 +129,7 @@ class ModelLoader:
 
             def step(message: str) -> None:
                 self.profile_step = message
-            self.kernels = kernel_price.get(path, chunk=lambda: COMPUTE_LOCK.background, say=step)
+            self.kernels = kernel_price.get(path, chunk=lambda: COMPUTE_LOCK.background, say=step, pair=self.pair)
         except Interrupted:  # the process is exiting
             pass
         except Exception as exc:  # the tab says why; the rest of the app works without it

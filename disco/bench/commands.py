@@ -279,7 +279,7 @@ def cmd_profile(args) -> int:
 
         if getattr(pair, "engine", None) != "llamacpp":
             raise InputError("--kernels prices llama.cpp's kernels: use it with --engine llamacpp")
-        kernels = kernel_price.get(pair.target_path, refresh=args.refresh, say=_log)
+        kernels = kernel_price.get(pair.target_path, refresh=args.refresh, say=_log, pair=pair)
     if args.json:
         data = prof.to_dict() | ({"kernels": kernels, "kernels_summary": kernel_price.summary(kernels)} if kernels else {})
         print(json.dumps(options.json_safe(data), ensure_ascii=False))

@@ -80,8 +80,12 @@ def test_bandwidth_is_a_positive_rate():
 
 @pytest.mark.skipif(llama_peer.binary("llama-bench") is None, reason="llama-bench is not built here")
 def test_a_real_llama_bench_on_a_tiny_gguf(tmp_path):
-    target, _ = tiny_gguf.write_pair(tmp_path)
-    data = kernel_price.measure_kernels(target, reps=1)
+    from disco.models import gguf_pair
+
+    target, assistant = tiny_gguf.write_pair(tmp_path)
+    data = kernel_price.measure(target, reps=1, pair=gguf_pair.load("tiny-gguf", target, assistant))
+    assert data["ours_tokens_per_s"] > 0 and kernel_price.summary(data)["ours_over_llama_bench"] > 0
+    assert "Our own target alone decodes" in kernel_price.markdown(data)
     for name in ("exact", "default"):
         assert set(data["passes_ms"][name]) == set(kernel_price.SIZES)
         assert all(v > 0 for v in data["passes_ms"][name].values())
