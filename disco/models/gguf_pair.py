@@ -101,7 +101,8 @@ class GGUFPair(Tokenized):
     def describe(self) -> dict:
         return {"models": self.name, "target": self.target_id, "assistant": self.assistant_id,
                 "dtype": self.dtype_name, "device": self.device_name, "assistant_precision": self.assistant_precision,
-                "engine": self.engine, "exact": self.exact, "llama_cpp": llama.version(), "threads": llama.threads()}
+                "engine": self.engine, "exact": self.exact, "llama_cpp": llama.version(), "threads": llama.threads(),
+                "fast_prefill": self.target_model.fast_prefill}
 
     def logit_tolerance(self, magnitude: float) -> float:
         """How far this engine's logit for one position can move between batch sizes: 0 in exact mode (rows are
@@ -134,8 +135,8 @@ class GGUFPair(Tokenized):
         warm = self._shared["warm"]
         for model in (self.target_model, self.assistant_model):
             if id(model) not in warm:
-                session = model.session()
-                session.forward([self.eos_ids[0]] * 8, 1)
+                session = model.session()  # long enough to take the fast-prefill path (and load its twin) where on
+                session.forward([self.eos_ids[0]] * (llama.FAST_PREFILL_MIN + 1), 1)
                 session.close()
                 warm.add(id(model))
 

@@ -21,4 +21,6 @@ def machine_key(models: str, device, engine: str = "torch") -> dict:
            "threads": torch.get_num_threads(), "machine": platform.machine()}
     if engine != "torch":  # torch keys stay as they were before there was a second engine
         key.update(engine=engine, llama_cpp=llama.version(), threads=llama.threads(), exact=llama.exact_mode())
+        if llama.exact_mode() and llama.fast_prefill_mode():
+            key["fast_prefill"] = True
     return key

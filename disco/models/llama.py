@@ -34,6 +34,8 @@ from disco.errors import InputError, Interrupted, UserError
 from disco.models.background import SHUTDOWN, in_pass
 
 EXACT_ENV = "DISCO_LLAMA_EXACT"
+FAST_PREFILL_ENV = "DISCO_LLAMA_FAST_PREFILL"
+FAST_PREFILL_MIN = 8  # a shorter prefix is not worth a second context and a copy of the cache
 THREADS_ENV = "DISCO_LLAMA_THREADS"
 N_CTX_ENV = "DISCO_LLAMA_CTX"
 DEFAULT_N_CTX = 4096
@@ -52,6 +54,12 @@ _LOCK = threading.Lock()
 
 def exact_mode() -> bool:
     return os.environ.get(EXACT_ENV, "1").strip().lower() not in ("0", "off", "no", "false")
+
+
+def fast_prefill_mode() -> bool:
+    """Whether exact sessions prefill on a repacked twin of their model (``DISCO_LLAMA_FAST_PREFILL=1``; off by
+    default: the twin holds a second, repacked copy of the weights)."""
+    return os.environ.get(FAST_PREFILL_ENV, "0").strip().lower() in ("1", "on", "yes", "true")
 
 
 def library():
@@ -133,14 +141,19 @@ def n_ctx() -> int:
 class LlamaModel:
     """One GGUF file loaded with llama.cpp (weights memory-mapped), and a pool of contexts on it."""
 
-    def __init__(self, path, exact: bool | None = None):
+    def __init__(self, path, exact: bool | None = None, repack: bool | None = None, fast_prefill: bool | None = None):
         lib = library()
         self.lib = lib
         self.path = str(path)
         self.exact = exact_mode() if exact is None else exact
+        self.repack = (not self.exact) if repack is None else repack
+        # exact sessions may prefill on a repacked twin (``prefill_twin``); decode passes stay on this model
+        self.fast_prefill = self.exact and not self.repack and (fast_prefill_mode() if fast_prefill is None
+                                                                 else fast_prefill)
+        self._twin: LlamaModel | None = None
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
-        params.use_extra_bufts = not self.exact  # repacked weights compute gemm and gemv rows differently
+        params.use_extra_bufts = self.repack  # repacked weights compute gemm and gemv rows differently
         model = lib.llama_model_load_from_file(self.path.encode(), params)
         if not model:
             raise UserError(f"llama.cpp could not load {self.path} (not a GGUF model it supports?)")
@@ -188,6 +201,14 @@ class LlamaModel:
     def release(self, ctx) -> None:
         with self._lock:
             self._free.append(ctx)
+
+    def prefill_twin(self) -> "LlamaModel":
+        """This file loaded again with repacked weights (llama.cpp's fast gemm for batches) and this model's context
+        layout (flash attention off, so its cache can be handed over): loaded on the first prefill that uses it."""
+        with self._lock:
+            if self._twin is None:
+                self._twin = LlamaModel(self.path, exact=True, repack=True, fast_prefill=False)
+            return self._twin
 
     def session(self) -> "LlamaSession":
         return LlamaSession(self)
@@ -260,6 +281,11 @@ class LlamaSession:
             raise Interrupted("stopped before a forward pass")
         lib, batch, n = self.lib, self._batch, len(tokens)
         first_kept = n - keep  # rows before it need no logits
+        if self.length == 0 and self.model.fast_prefill and first_kept >= FAST_PREFILL_MIN:
+            start = time.perf_counter()
+            self._prefill_on_twin(tokens[:first_kept], interrupt)
+            logits, _ = self.forward(tokens[first_kept:], keep, interrupt)  # the rows asked for: exact kernels
+            return logits, (time.perf_counter() - start) * 1000.0
         rows: list[np.ndarray] = []
         self._abort.interrupt, self._abort.fired = interrupt, False
         start = time.perf_counter()
@@ -289,6 +315,25 @@ class LlamaSession:
             self._abort.interrupt = None
         logits = torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows))
         return logits, (time.perf_counter() - start) * 1000.0
+
+    def _prefill_on_twin(self, prefix: list[int], interrupt) -> None:
+        """Prefill ``prefix`` on the model's repacked twin and copy the cache into this session's context
+        (``llama_state_seq_get_data`` / ``set_data``). Every lane of a prompt prefills the same prefix (the prompt but
+        its last token), so they share one cache; every row a policy reads comes from this model's exact passes."""
+        lib = self.lib
+        twin = self.model.prefill_twin().session()
+        try:
+            twin.forward(prefix, 1, interrupt)
+            size = lib.llama_state_seq_get_size(twin.ctx, 0)
+            buf = (ctypes.c_uint8 * size)()
+            got = lib.llama_state_seq_get_data(twin.ctx, buf, size, 0)
+            put = lib.llama_state_seq_set_data(self.ctx, buf, got, 0) if got == size else 0
+        finally:
+            twin.close()
+        if put != size:
+            raise RuntimeError(f"llama.cpp could not hand over a prefilled cache ({got} of {size} bytes read, "
+                               f"{put} written); unset {FAST_PREFILL_ENV}")
+        self.length = len(prefix)
 
     def crop(self, length: int) -> None:
         if self.ctx is None:

@@ -294,12 +294,13 @@ _GGUF_PAIRS: dict[tuple, object] = {}
 def _load_gguf_once(spec: str, folders, progress: bool, log):
     from disco.models import llama
 
-    key = (spec, llama.exact_mode(), llama.n_ctx(), llama.threads())
+    key = (spec, llama.exact_mode(), llama.fast_prefill_mode(), llama.n_ctx(), llama.threads())
     with _LOCK:
         if key not in _GGUF_PAIRS:
             pair = _load_gguf(spec, folders, progress, log)
+            fast = ", prefill on repacked weights" if pair.target_model.fast_prefill else ""
             log(f"models loaded in {pair.load_seconds:.1f} s ({pair.dtype_name}, llama.cpp "
-                f"{'exact' if pair.exact else 'default'} kernels, {llama.threads()} threads)")
+                f"{'exact' if pair.exact else 'default'} kernels{fast}, {llama.threads()} threads)")
             _GGUF_PAIRS[key] = pair
         return _GGUF_PAIRS[key]
 

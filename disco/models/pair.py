@@ -237,6 +237,7 @@ def pair_key(pair, *extra) -> str:
     # the assistant's precision changes its chains (an int8 and a bf16 assistant draft differently); so does the
     # engine (torch keys stay as they were before there was a second one, so their caches stay valid)
     engine = [] if info.get("engine", "torch") == "torch" else [info["engine"], info.get("exact")]
+    engine += ["fast-prefill"] if info.get("fast_prefill") else []  # a cache of its own (keys without it unchanged)
     blob = json.dumps([info.get("models"), info.get("target"), info.get("assistant"), info.get("dtype"),
                        info.get("device"), info.get("assistant_precision", "model"), *engine, *extra],
                       separators=(",", ":"))

@@ -255,3 +255,50 @@ def test_the_command_line_runs_a_gguf_pair_on_llama_cpp(gguf_tiny, tmp_path):
         bad = subprocess.run([sys.executable, "-m", "disco", "generate", "--models", spec, "--prompt", "x", *argv],
                              capture_output=True, text=True, timeout=300)
         assert bad.returncode == 2 and needle in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+@pytest.fixture(scope="module")
+def gguf_fast_prefill(tmp_path_factory):
+    """The tiny pair with exact decoding and its prefills on a repacked twin (DISCO_LLAMA_FAST_PREFILL=1)."""
+    folder = tmp_path_factory.mktemp("tiny-gguf-fast")
+    target, assistant = tiny_gguf.write_pair(folder)
+    mp = pytest.MonkeyPatch()
+    mp.setenv(llama.FAST_PREFILL_ENV, "1")
+    try:
+        pair = gguf_pair.load("tiny-gguf", target, assistant)
+    finally:
+        mp.undo()
+    pair.warmup()
+    return pair
+
+
+def test_fast_prefill_hands_over_the_cache_and_decoding_stays_exact(gguf_fast_prefill):
+    pair = gguf_fast_prefill
+    assert pair.target_model.fast_prefill and pair.describe()["fast_prefill"]
+    ids = encode_prompt(pair, "def fibonacci(n):\n    if n < 2:\n        return n", False, 16)
+    assert len(ids) - 1 >= llama.FAST_PREFILL_MIN
+    s = pair.session("target")
+    first, _ = s.forward(ids, 1)
+    assert s.length == len(ids) and pair.target_model._twin is not None  # prefilled on the twin, then handed over
+    token = int(first[0].argmax())
+    drafts = [token, 5, 7, 11]
+    rows, _ = s.forward([token] + drafts[1:], 4)  # a verified batch ...
+    s.crop(len(ids))
+    for i, t in enumerate([token] + drafts[1:]):  # ... equals one-token passes on the same cache, row for row
+        one, _ = s.forward([t], 1)
+        assert torch.equal(one[0], rows[i])
+    s.close()
+
+
+@pytest.mark.parametrize("prompt", ["def fibonacci(n):\n    if n < 2:\n        return n", "The quick brown fox jumps"])
+def test_every_strategy_is_lossless_after_a_fast_prefill(gguf_fast_prefill, prompt):
+    final = run_all(gguf_fast_prefill, prompt, STRATEGIES, DecodeSettings(max_new_tokens=24))
+    base = final.decoders[0].output_ids
+    for d in final.decoders[1:]:
+        assert d.output_ids == base, f"{d.strategy} diverged from autoregressive after a fast prefill"
+
+
+def test_fast_prefill_has_a_cache_key_of_its_own(gguf_tiny, gguf_fast_prefill):
+    from disco.models.pair import pair_key
+
+    assert pair_key(gguf_tiny) != pair_key(gguf_fast_prefill)
