@@ -14,8 +14,8 @@ from disco.app import machine_tab, plots, zerogpu
 from disco.app.session import COMPUTE_LOCK
 from disco.bench import kernel_price, machine_profile
 from disco.costs import profile
-from disco.errors import InputError, Interrupted
-from disco.models import ModelLoadError, background, engine_choice, load_pair, memory, resolve_assistant
+from disco.errors import InputError, Interrupted, UserError
+from disco.models import ModelLoadError, background, engine_choice, llama, load_pair, memory, resolve_assistant
 from disco.models.load import resolve_engine
 
 log = logging.getLogger("disco.app")
@@ -132,6 +132,9 @@ class ModelLoader:
             self.kernels = kernel_price.get(path, chunk=lambda: COMPUTE_LOCK.background, say=step, pair=self.pair)
         except Interrupted:  # the process is exiting
             pass
+        except UserError as exc:  # e.g. llama-bench not built here: expected, said in the tab
+            log.warning("llama.cpp's kernels not priced: %s", exc)
+            self.kernels_note = str(exc)
         except Exception as exc:  # the tab says why; the rest of the app works without it
             log.exception("pricing llama.cpp's kernels failed")
             self.kernels_note = f"{type(exc).__name__}: {exc}"
@@ -306,6 +309,8 @@ def check_room(spec: str, engine: str) -> None:
     if weights is None:
         return  # a pair built in code, or hub ids: nothing on disk to measure
     need, free = memory.need_bytes(weights), memory.available_bytes()
+    if engine == "llamacpp" and llama.exact_mode() and llama.fast_prefill_mode():
+        need *= 2  # each model also gets a repacked twin for its prefills
     if free is not None and need > free:
         raise ModelLoadError(f"the {engine} engine's pair needs about {memory.gib(need)} of memory and this machine has "
                              f"{memory.gib(free)} free: it is not loaded (the {engine} engine stays off here)")

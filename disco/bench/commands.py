@@ -269,6 +269,8 @@ def cmd_profile(args) -> int:
         raise options.UsageError(f"--reps must be between 1 and 20, got {args.reps}")
     options.check_writable(args.csv)
     pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
+    if args.kernels and getattr(pair, "engine", None) != "llamacpp":
+        raise InputError("--kernels prices llama.cpp's kernels: use it with --engine llamacpp")
     prof = machine_profile.get(pair, args.models, refresh=args.refresh, prompts=prompts,
                                max_new_tokens=args.max_new_tokens, reps=args.reps, log=_log)
     if args.csv:
@@ -277,8 +279,6 @@ def cmd_profile(args) -> int:
     if args.kernels:
         from disco.bench import kernel_price
 
-        if getattr(pair, "engine", None) != "llamacpp":
-            raise InputError("--kernels prices llama.cpp's kernels: use it with --engine llamacpp")
         kernels = kernel_price.get(pair.target_path, refresh=args.refresh, say=_log, pair=pair)
     if args.json:
         data = prof.to_dict() | ({"kernels": kernels, "kernels_summary": kernel_price.summary(kernels)} if kernels else {})

@@ -177,7 +177,7 @@ def _run_loaded(cfg: BenchConfig, pair, picked: Picked, prompts: list[SuitePromp
     if cfg.mode in ("replay", "both"):
         # costs are measured after the tables (models warm) and right before the timed runs, so that the
         # validation compares prediction and measurement taken under the same conditions
-        kmax = max([p.values.get("k", 1) for p in specs] + [1])
+        kmax = max([getattr(p, "k", None) or p.values.get("k", 1) for p in specs] + [1])  # a hybrid: both parts
 
         def measure() -> CostModel:
             _log(f"calibrating per-pass costs on {pair.describe()['models']} ({meta['dtype']}, {meta['device']}) ...")

@@ -56,7 +56,7 @@ def sweep(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_toke
     cache_dir = cache.tables_dir() if cache_dir is None else cache_dir
     policies = with_baseline(policies)
     encoder = PromptEncoder(pair, max_new_tokens, cache_dir, fitting)
-    kmax = max([p.values.get("k", 1) for p in policies] + [1])
+    kmax = max([getattr(p, "k", None) or p.values.get("k", 1) for p in policies] + [1])  # a hybrid: both parts
     meta = environment(pair)
     meta["max_new_tokens"] = max_new_tokens
     report = on_progress or (lambda fraction, message: None)

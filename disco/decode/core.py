@@ -49,6 +49,19 @@ class Drafted:
     top10: float = math.nan  # mass of the draft distribution's 10 likeliest tokens
 
 
+@dataclass
+class _Draft:
+    """One iteration's draft: who made it, its steps, why it stopped, the policy's budget for it, and its passes."""
+
+    drafter: str                 # "lookup" (the context) or "assistant"
+    steps: list[DraftStep]
+    stop: str
+    k_policy: int
+    forward_ms: float = 0.0
+    draft_calls: int = 0
+    assistant_fed: int = 0
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One target pass: how many drafts it accepted and its own next token."""
@@ -133,8 +146,8 @@ class IterationCore:
         return self.ids[self.prompt_len:]
 
     def step(self) -> IterationRecord:
-        # One function on purpose (~100 lines): the six phases above share the iteration's state, and reading
-        # them in order, in one place, is how the invariants (cache lengths, cuts, the record) are checked.
+        # One function on purpose (~90 lines, the two ways of drafting in helpers below): the six phases share the
+        # iteration's state, and reading them in order, in one place, is how the invariants are checked.
         policy, backend = self.policy, self.backend
         clock = backend.clock
         t0 = clock()
@@ -143,49 +156,22 @@ class IterationCore:
         k_policy = policy.budget()
         budget = max(0, min(k_policy, remaining - 1)) if policy.drafts else 0
         threshold = policy.threshold
-        steps: list[DraftStep] = []
         forward_ms = 0.0
         draft_calls = 0
         assistant_fed = 0  # tokens fed to the assistant this iteration (its first pass catches up, then one each)
         stop = STOP_NONE
 
-        # 1-2. a model-free draft from the context first (prompt lookup: a point mass, confidence 1, no model pass);
-        # then, when the policy drafts with the assistant and the context gave nothing, the assistant's draft-stop
-        # loop (a hybrid policy does both: llama.cpp's n-gram drafter before its draft model)
-        drafter = "none"
-        if policy.proposes:
-            k_context = policy.propose_budget()
-            room = max(0, min(k_context, remaining - 1))
-            tokens = policy.propose(self.ids, room, self.eos)[:room]
-            if tokens or not policy.uses_assistant:
-                k_policy, budget, drafter = k_context, room, "lookup"
-                for token in tokens:
-                    steps.append(DraftStep.first(out_len, token, 1.0, 0.0, 1.0, 1.0) if not steps
-                                 else steps[-1].then(token, 1.0, 0.0, 1.0, 1.0))
-                stop = (STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD) if len(tokens) == budget else STOP_SOURCE
-        if policy.uses_assistant and drafter == "none":
-            drafter = "assistant"
-            stop = STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD
-            for j in range(budget):
-                fed = len(self.ids) - self.a_len if j == 0 else 1  # catch up on committed tokens, then one draft
-                d = backend.draft(self, j, fed)
-                self.a_len += fed
-                self.assistant_tokens += fed
-                assistant_fed += fed
-                forward_ms += d.ms
-                draft_calls += 1
-                step = (DraftStep.first(out_len, d.token, d.prob, d.entropy, d.margin, d.top10) if not steps
-                        else steps[-1].then(d.token, d.prob, d.entropy, d.margin, d.top10))
-                if policy.drop(step):  # not verified: the oracle's knowledge, or a rule that judges a token first
-                    stop = STOP_ORACLE if policy.probes_verification else STOP_CONFIDENCE
-                    break
-                steps.append(step)
-                if d.token in self.eos:
-                    stop = STOP_EOS
-                    break
-                if policy.stop_after(step):
-                    stop = STOP_CONFIDENCE
-                    break
+        # 1-2. a model-free draft from the context first (prompt lookup); then, when the policy drafts with the
+        # assistant and the context gave nothing, the assistant's draft-stop loop (a hybrid policy does both)
+        draft = self._draft_from_context(remaining, out_len) if policy.proposes else None
+        if draft is None and policy.uses_assistant:
+            draft = self._draft_with_assistant(budget, k_policy, out_len)
+        drafter, steps = (draft.drafter, draft.steps) if draft is not None else ("none", [])
+        if draft is not None:
+            stop, k_policy, forward_ms = draft.stop, draft.k_policy, draft.forward_ms
+            draft_calls, assistant_fed = draft.draft_calls, draft.assistant_fed
+        if drafter == "lookup" and policy.uses_assistant:
+            threshold = None  # a hybrid's copied draft: its assistant rule's threshold played no part
         self.drafter = drafter
         kept = policy.keep(steps) if steps else 0
         if kept < len(steps):  # e.g. llama.cpp's n-min: a draft too short to be worth sending is not sent
@@ -254,3 +240,46 @@ class IterationCore:
         )
         self.records.append(record)
         return record
+
+    def _draft_from_context(self, remaining: int, out_len: int) -> "_Draft | None":
+        """A model-free draft (prompt lookup and its kin): point masses, confidence 1, no model pass. None when the
+        context has nothing and the policy can draft with the assistant instead (a hybrid)."""
+        policy = self.policy
+        k_context = policy.propose_budget()
+        room = max(0, min(k_context, remaining - 1))
+        tokens = policy.propose(self.ids, room, self.eos)[:room]
+        if not tokens and policy.uses_assistant:
+            return None
+        steps: list[DraftStep] = []
+        for token in tokens:
+            steps.append(DraftStep.first(out_len, token, 1.0, 0.0, 1.0, 1.0) if not steps
+                         else steps[-1].then(token, 1.0, 0.0, 1.0, 1.0))
+        stop = (STOP_LENGTH if room < k_context else STOP_MAX_LOOKAHEAD) if len(tokens) == room else STOP_SOURCE
+        return _Draft("lookup", steps, stop, k_context)
+
+    def _draft_with_assistant(self, budget: int, k_policy: int, out_len: int) -> "_Draft":
+        """The assistant's draft-stop loop: one pass per token until the budget, EOS, or the policy stops it."""
+        policy, backend = self.policy, self.backend
+        draft = _Draft("assistant", [], STOP_LENGTH if budget < k_policy else STOP_MAX_LOOKAHEAD, k_policy)
+        steps = draft.steps
+        for j in range(budget):
+            fed = len(self.ids) - self.a_len if j == 0 else 1  # catch up on committed tokens, then one draft
+            d = backend.draft(self, j, fed)
+            self.a_len += fed
+            self.assistant_tokens += fed
+            draft.assistant_fed += fed
+            draft.forward_ms += d.ms
+            draft.draft_calls += 1
+            step = (DraftStep.first(out_len, d.token, d.prob, d.entropy, d.margin, d.top10) if not steps
+                    else steps[-1].then(d.token, d.prob, d.entropy, d.margin, d.top10))
+            if policy.drop(step):  # not verified: the oracle's knowledge, or a rule that judges a token first
+                draft.stop = STOP_ORACLE if policy.probes_verification else STOP_CONFIDENCE
+                break
+            steps.append(step)
+            if d.token in self.eos:
+                draft.stop = STOP_EOS
+                break
+            if policy.stop_after(step):
+                draft.stop = STOP_CONFIDENCE
+                break
+        return draft

@@ -34,14 +34,15 @@ from disco.decode.sampling import distribution, draft_features, greedy_accept, s
 from disco.decode.settings import DecodeSettings
 from disco.decode.trace import SOURCE_AUTOREGRESSIVE, SOURCE_BONUS, SOURCE_CORRECTION, SOURCE_DRAFT, IterationRecord, TokenRecord
 from disco.errors import InputError, Interrupted
-from disco.models.pair import sync
+from disco.models.pair import prefill_boundary, sync
 from disco.policies import Autoregressive, Policy, RunContext
 
 class Decoder(CoreView):
     """One strategy decoding one prompt: the live backend of the iteration core (``disco.decode.core``).
     Call ``step()`` until ``done``."""
 
-    def __init__(self, pair, prompt_ids: list[int], policy: Policy, settings: DecodeSettings, costs=None):
+    def __init__(self, pair, prompt_ids: list[int], policy: Policy, settings: DecodeSettings, costs=None,
+                 prefill_upto: int | None = None):
         if not prompt_ids:
             raise InputError("the prompt encodes to zero tokens")
         if policy.greedy_only and settings.sample:
@@ -56,6 +57,9 @@ class Decoder(CoreView):
         self.assistant_precision = pair.assistant_precision
         self.target = pair.session("target")
         self.assistant = pair.session("assistant") if policy.uses_assistant else None
+        upto = self.prompt_len - 1 if prefill_upto is None else prefill_upto  # the prompt's prefix, shared by all lanes
+        for session in (self.target, self.assistant):
+            prefill_boundary(session, upto)
         self.generator = torch.Generator(device=self.device).manual_seed(int(settings.seed))
         self.tokens: list[TokenRecord] = []
         self.interrupted = False
@@ -178,7 +182,8 @@ class Decoder(CoreView):
             return
         start = time.perf_counter()
         remaining = self.settings.max_new_tokens - len(out)
-        self.policy.reference = out + greedy_continuation(self.pair, list(core.ids), remaining, self._interrupt)
+        self.policy.reference = out + greedy_continuation(self.pair, list(core.ids), remaining, self._interrupt,
+                                                          prefill_upto=self.prompt_len - 1)
         self.reference_rederived += 1
         self._untimed_s += time.perf_counter() - start
 
@@ -219,11 +224,12 @@ class Decoder(CoreView):
 
 
 def greedy_continuation(pair, prompt_ids: list[int], max_new_tokens: int, interrupt: Callable[[], bool] | None = None,
-                        progress: Callable[[int, int], None] | None = None) -> list[int]:
+                        progress: Callable[[int, int], None] | None = None, prefill_upto: int | None = None) -> list[int]:
     """The target's own greedy continuation of ``prompt_ids`` (what the oracle knows and replay tables store), by
     the autoregressive lane itself. ``interrupt`` as for ``Decoder.step``; ``progress(done, max_new_tokens)`` after
     every token."""
-    decoder = Decoder(pair, list(prompt_ids), Autoregressive(), DecodeSettings(max_new_tokens=max_new_tokens))
+    decoder = Decoder(pair, list(prompt_ids), Autoregressive(), DecodeSettings(max_new_tokens=max_new_tokens),
+                      prefill_upto=prefill_upto)
     while not decoder.done:
         decoder.step(interrupt)
         if progress is not None:

@@ -136,6 +136,7 @@ class GGUFPair(Tokenized):
         for model in (self.target_model, self.assistant_model):
             if id(model) not in warm:
                 session = model.session()  # long enough to take the fast-prefill path (and load its twin) where on
+                session.twin_upto = llama.FAST_PREFILL_MIN
                 session.forward([self.eos_ids[0]] * (llama.FAST_PREFILL_MIN + 1), 1)
                 session.close()
                 warm.add(id(model))

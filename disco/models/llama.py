@@ -151,6 +151,7 @@ class LlamaModel:
         self.fast_prefill = self.exact and not self.repack and (fast_prefill_mode() if fast_prefill is None
                                                                  else fast_prefill)
         self._twin: LlamaModel | None = None
+        self._twin_lock = threading.Lock()  # not the pool's lock: a load takes seconds, and a finalizer may release
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
         params.use_extra_bufts = self.repack  # repacked weights compute gemm and gemv rows differently
@@ -205,10 +206,11 @@ class LlamaModel:
     def prefill_twin(self) -> "LlamaModel":
         """This file loaded again with repacked weights (llama.cpp's fast gemm for batches) and this model's context
         layout (flash attention off, so its cache can be handed over): loaded on the first prefill that uses it."""
-        with self._lock:
-            if self._twin is None:
-                self._twin = LlamaModel(self.path, exact=True, repack=True, fast_prefill=False)
-            return self._twin
+        if self._twin is None:
+            with self._twin_lock:
+                if self._twin is None:
+                    self._twin = LlamaModel(self.path, exact=True, repack=True, fast_prefill=False)
+        return self._twin
 
     def session(self) -> "LlamaSession":
         return LlamaSession(self)
@@ -254,6 +256,9 @@ class LlamaSession:
         self.lib = lib
         self.ctx = model.context()
         self.length = 0
+        # where a first pass may stop prefilling on the model's repacked twin (``fast_prefill``): set by the caller to
+        # the prompt's length less one, so every session of a prompt shares that prefix's cache; None: never
+        self.twin_upto: int | None = None
         self._batch = lib.llama_batch_init(N_BATCH, 0, 1)
         self._abort = _Abort(lib)
         lib.llama_set_abort_callback(self.ctx, self._abort.callback, None)
@@ -281,10 +286,11 @@ class LlamaSession:
             raise Interrupted("stopped before a forward pass")
         lib, batch, n = self.lib, self._batch, len(tokens)
         first_kept = n - keep  # rows before it need no logits
-        if self.length == 0 and self.model.fast_prefill and first_kept >= FAST_PREFILL_MIN:
+        prefix = min(first_kept, self.twin_upto or 0)
+        if self.length == 0 and self.model.fast_prefill and prefix >= FAST_PREFILL_MIN:
             start = time.perf_counter()
-            self._prefill_on_twin(tokens[:first_kept], interrupt)
-            logits, _ = self.forward(tokens[first_kept:], keep, interrupt)  # the rows asked for: exact kernels
+            self._prefill_on_twin(tokens[:prefix], interrupt)
+            logits, _ = self.forward(tokens[prefix:], keep, interrupt)  # the rest, and every row asked for: exact
             return logits, (time.perf_counter() - start) * 1000.0
         rows: list[np.ndarray] = []
         self._abort.interrupt, self._abort.fired = interrupt, False
@@ -318,8 +324,9 @@ class LlamaSession:
 
     def _prefill_on_twin(self, prefix: list[int], interrupt) -> None:
         """Prefill ``prefix`` on the model's repacked twin and copy the cache into this session's context
-        (``llama_state_seq_get_data`` / ``set_data``). Every lane of a prompt prefills the same prefix (the prompt but
-        its last token), so they share one cache; every row a policy reads comes from this model's exact passes."""
+        (``llama_state_seq_get_data`` / ``set_data``). Every session of a prompt (each lane's target and assistant, the
+        replay table's) stops the twin at the same place (``twin_upto``: the prompt but its last token), so they share
+        that prefix's cache; everything after it, and every row a policy reads, comes from exact passes."""
         lib = self.lib
         twin = self.model.prefill_twin().session()
         try:

@@ -227,6 +227,14 @@ def encode_prompt(pair, prompt: str, chat: bool, max_new_tokens: int) -> list[in
     return ids
 
 
+def prefill_boundary(session, n: int) -> None:
+    """Let a llama.cpp session's first pass prefill its first ``n`` tokens on a repacked twin, where fast prefill is
+    on (``disco.models.llama``); every session of one prompt is given the same ``n`` (the prompt's length less one).
+    Other sessions ignore it."""
+    if hasattr(session, "twin_upto"):
+        session.twin_upto = n
+
+
 def pair_key(pair, *extra) -> str:
     """A short key naming everything about a pair that changes what its models compute (the cache files of
     tables and costs are named by it), plus ``extra`` (e.g. a prompt's token ids)."""

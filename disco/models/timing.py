@@ -8,6 +8,8 @@ import math
 import statistics
 from typing import Callable, Iterable
 
+from disco.models.pair import prefill_boundary
+
 
 def pass_costs(new_session: Callable[[], object], context: list[int], sizes: Iterable[int], reps: int = 3,
                warm: bool = True) -> dict[int, float]:
@@ -36,7 +38,9 @@ def prefill_costs(new_session: Callable[[], object], ids: list[int], sizes: Iter
     for _ in range(reps):
         for n in samples:
             tokens = (text * (n // len(text) + 1))[:n]
-            _, ms = new_session().forward(tokens, 1)
+            session = new_session()
+            prefill_boundary(session, n - 1)  # a prompt's prefill, as every lane's first pass does it
+            _, ms = session.forward(tokens, 1)
             samples[n].append(ms)
     return {n: statistics.median(v) for n, v in samples.items()}
 

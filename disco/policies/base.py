@@ -307,6 +307,9 @@ def split_precision(spec: str) -> tuple[str, str | None]:
     if not sep:
         return base, None
     suffix = suffix.strip().lower()
+    if "+" in suffix:
+        raise StrategyError(f"strategy {spec!r}: the assistant's '@{suffix.split('+')[0]}' goes at the end of the spec, "
+                            "after the hybrid's assistant part")
     if suffix not in ASSISTANT_SUFFIXES:
         raise StrategyError(f"strategy {spec!r}: unknown assistant precision {suffix!r} after '@' "
                             f"(use {' or '.join('@' + s for s in ASSISTANT_SUFFIXES)})")

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from disco.policies.base import DraftStep, Policy, RunContext, StrategyError, parse_strategy, policy_kinds
+from disco.policies.base import (
+    DraftStep, Policy, RunContext, StrategyError, canonical_spec, parse_strategy, policy_kinds,
+)
 
 DEFAULT_CONTEXT = "copy:16:3"
 DEFAULT_ASSISTANT = "threshold:0.4:20"
@@ -30,6 +32,10 @@ CONTEXTS = ("copy:16:2", "copy:16:3", "copy:16:5", "lookup:10", "ngram:3:16", "n
 ASSISTANTS = ("threshold:0.2:10", "threshold:0.4:10", "threshold:0.6:10", "threshold:0.8:10", "threshold:0.2:20",
               "threshold:0.4:20", "threshold:0.6:20", "threshold:0.8:20", "static:1", "static:2", "static:4",
               "pmin:0.4:3", "costaware:10", "costaware:20")
+
+
+def _canonical(policy: Policy) -> str:
+    return canonical_spec(policy.kind, **policy.values)
 
 
 def _part(part, role: str, spec: str) -> Policy:
@@ -67,7 +73,8 @@ class Hybrid(Policy):
         shown = spec or f"hybrid:{context}+{assistant}"
         self.from_context = _part(context, "context", shown)
         self.from_assistant = _part(assistant, "assistant", shown)
-        self.spec = spec if spec is not None else f"hybrid:{self.from_context.spec}+{self.from_assistant.spec}"
+        # built from parts (a grid, the sliders): each part spelled the benchmark's way, as its own lane would be
+        self.spec = spec if spec is not None else f"hybrid:{_canonical(self.from_context)}+{_canonical(self.from_assistant)}"
         a = self.from_assistant
         # what the benchmark's columns and the table depth read: the assistant rule's τ and KMAX
         self.values = {name: a.values[name] for name in ("tau", "k") if name in a.values}

@@ -38,6 +38,7 @@ from typing import Callable, Iterable
 from disco import cache
 from disco.decode.live import greedy_continuation
 from disco.decode.sampling import distribution, draft_features
+from disco.models.pair import prefill_boundary
 from disco.decode.settings import DecodeSettings
 from disco.errors import InputError, UserError
 from disco.models.pair import pair_key
@@ -77,8 +78,9 @@ class ChainBuilder:
     """One assistant session (KV cache) that walks along ``prompt + G`` (+ a chain), reusing the longest common
     prefix."""
 
-    def __init__(self, pair):
+    def __init__(self, pair, prefill_upto: int | None = None):
         self.pair = pair
+        self.prefill_upto = prefill_upto  # a fast prefill stops where the lanes' does (``prefill_boundary``)
         self.session = None  # made on first use; ``release`` hands it back between uses
         self.seq: list[int] = []
         self.next: tuple[int, float, float, float, float] | None = None
@@ -103,6 +105,8 @@ class ChainBuilder:
         common = min(common, n - 1)  # feed at least one token to get its logits
         if self.session is None:
             self.session, self.seq, common = self.pair.session("assistant"), [], 0
+            if self.prefill_upto is not None:
+                prefill_boundary(self.session, self.prefill_upto)
         self.session.crop(common)
         feed = seq[common:]
         logits, ms = self.session.forward(feed, 1)
@@ -187,7 +191,7 @@ class ReplayTable:
     def attach(self, pair) -> "ReplayTable":
         """Attach the models so missing chain tokens can be computed on demand."""
         if self.builder is None or self.builder.pair is not pair:
-            self.builder = ChainBuilder(pair)
+            self.builder = ChainBuilder(pair, len(self.prompt_ids) - 1)
         return self
 
     def release(self) -> None:

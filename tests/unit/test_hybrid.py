@@ -5,6 +5,7 @@ replay, and each part hearing only of its own drafts. Sampling: tests/unit/test_
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -23,7 +24,7 @@ REPEATING = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + 
 
 
 def test_latest_match_is_llama_cpps_ngram_simple():
-    # history 1 2 3 9 1 2 3 7 8 1 2 3 4 5 6 7 8 9 10 11 | sampled 2 3 at the end: pattern = the last n tokens
+    # the last 3 tokens (1 2 3) occurred at 1 and at 5: llama.cpp takes the latest, and copies what followed it
     ids = [0, 1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 5, 5, 5, 5, 1, 2, 3]
     assert latest_match(ids, 3, 4) == [7, 8, 5, 5]          # the latest earlier occurrence, not the earliest (9)
     assert latest_match(ids, 3, 2) == []                    # fewer than n tokens may follow: nothing
@@ -40,7 +41,8 @@ def test_the_grammar_and_its_one_line_errors():
     assert parse_strategy(p.spec).spec == p.spec
     for bad, message in [("hybrid:copy:16", "CONTEXT\\+ASSISTANT"), ("hybrid:static:2+static:3", "without a model"),
                          ("hybrid:copy:16+lookup:2", "assistant's rule"), ("hybrid:copy:16+oracle", "not the oracle"),
-                         ("hybrid:copy:x+static:2", "context part"), ("hybrid:copy:4+static:2@int8+static:3", "unknown assistant precision"),
+                         ("hybrid:copy:x+static:2", "context part"), ("hybrid:copy:4+static:2@int8+static:3", "goes at the end of the spec"),
+                         ("hybrid:copy:4@int8+static:2", "goes at the end of the spec"),
                          ("ngram:0", "N must be between")]:
         with pytest.raises(StrategyError, match=message):
             parse_strategy(bad)
@@ -65,6 +67,8 @@ def test_both_drafters_in_one_run_greedy_identical_and_replayed_exactly(tiny_pai
     for r in live.records:
         assert (r.draft_calls > 0) == (r.drafter == "assistant" and r.lookahead > 0) or r.lookahead == 0
         assert r.assistant_precision == ("none" if r.drafter == "lookup" else tiny_pair.assistant_precision)
+        if r.drafter == "lookup" and spec.split("+")[1].startswith("threshold"):
+            assert math.isnan(r.threshold)  # the assistant's τ played no part in a copied draft
     run = ReplayRun(build_table(tiny_pair, ids, max_new), parse_strategy(spec), max_new, costs)
     while not run.done:
         run.step()

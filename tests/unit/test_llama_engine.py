@@ -272,30 +272,65 @@ def gguf_fast_prefill(tmp_path_factory):
     return pair
 
 
-def test_fast_prefill_hands_over_the_cache_and_decoding_stays_exact(gguf_fast_prefill):
+def test_fast_prefill_hands_over_the_cache_and_decoding_stays_exact(gguf_fast_prefill, gguf_tiny):
+    from disco.models.pair import prefill_boundary
+
     pair = gguf_fast_prefill
     assert pair.target_model.fast_prefill and pair.describe()["fast_prefill"]
     ids = encode_prompt(pair, "def fibonacci(n):\n    if n < 2:\n        return n", False, 16)
     assert len(ids) - 1 >= llama.FAST_PREFILL_MIN
     s = pair.session("target")
+    prefill_boundary(s, len(ids) - 1)
+    twin_prefills = []
+    on_twin = s._prefill_on_twin
+    s._prefill_on_twin = lambda prefix, interrupt: (twin_prefills.append(len(prefix)), on_twin(prefix, interrupt))
     first, _ = s.forward(ids, 1)
-    assert s.length == len(ids) and pair.target_model._twin is not None  # prefilled on the twin, then handed over
+    assert twin_prefills == [len(ids) - 1] and s.length == len(ids)  # prefilled on the twin, then handed over
+    # the handed-over cache is the prompt's: the next row matches an exact prefill's (the tiny GGUF's f32 weights are
+    # not repacked, so the twin computes what the exact model does; a lost or garbled cache would not)
+    plain = gguf_tiny.session("target")
+    expected, _ = plain.forward(ids, 1)
+    plain.close()
+    assert torch.allclose(first, expected, atol=1e-4)
     token = int(first[0].argmax())
-    drafts = [token, 5, 7, 11]
-    rows, _ = s.forward([token] + drafts[1:], 4)  # a verified batch ...
+    feed = [token, 5, 7, 11]
+    rows, _ = s.forward(feed, 4)  # a verified batch ...
     s.crop(len(ids))
-    for i, t in enumerate([token] + drafts[1:]):  # ... equals one-token passes on the same cache, row for row
+    for i, t in enumerate(feed):  # ... equals one-token passes on the same cache, row for row
         one, _ = s.forward([t], 1)
         assert torch.equal(one[0], rows[i])
     s.close()
 
 
 @pytest.mark.parametrize("prompt", ["def fibonacci(n):\n    if n < 2:\n        return n", "The quick brown fox jumps"])
-def test_every_strategy_is_lossless_after_a_fast_prefill(gguf_fast_prefill, prompt):
+def test_every_strategy_is_lossless_after_a_fast_prefill(gguf_fast_prefill, gguf_tiny, prompt):
     final = run_all(gguf_fast_prefill, prompt, STRATEGIES, DecodeSettings(max_new_tokens=24))
     base = final.decoders[0].output_ids
     for d in final.decoders[1:]:
         assert d.output_ids == base, f"{d.strategy} diverged from autoregressive after a fast prefill"
+    plain = run_all(gguf_tiny, prompt, ["autoregressive"], DecodeSettings(max_new_tokens=24))
+    assert plain.decoders[0].output_ids == base  # unrepacked weights: the same text as an exact prefill
+
+
+@pytest.mark.parametrize("spec", ["hybrid:lookup:4+static:3", "threshold:0.3:6", "oracle:4"])
+def test_live_equals_replay_after_a_fast_prefill(gguf_fast_prefill, spec, monkeypatch):
+    """The table's assistant chains and reference stop their fast prefill where the lanes do (``prefill_boundary``)."""
+    pair = gguf_fast_prefill
+    prefixes = []
+    on_twin = llama.LlamaSession._prefill_on_twin
+    monkeypatch.setattr(llama.LlamaSession, "_prefill_on_twin",
+                        lambda self, prefix, interrupt: (prefixes.append(len(prefix)), on_twin(self, prefix, interrupt)))
+    ids = encode_prompt(pair, "def fibonacci(n):\n    if n < 2:\n        return n", False, 24)
+    table = build_table(pair, ids, 24)
+    policy = parse_strategy(spec)
+    if policy.kind == "oracle":
+        policy.reference = greedy_reference(pair, ids, 24)
+    live = Decoder(pair, ids, policy, DecodeSettings(max_new_tokens=24), costs=COSTS).run()
+    replayed = replay_many(table, [parse_strategy(spec)], 24, COSTS)[spec]
+    assert [(r.lookahead, r.accepted, r.drafter) for r in live.records] == \
+        [(r.lookahead, r.accepted, r.drafter) for r in replayed.records]
+    assert live.output_ids == replayed.output_ids
+    assert prefixes and set(prefixes) == {len(ids) - 1}  # every session's twin prefill stopped at the same place
 
 
 def test_fast_prefill_has_a_cache_key_of_its_own(gguf_tiny, gguf_fast_prefill):
