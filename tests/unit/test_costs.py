@@ -12,7 +12,6 @@ import pandas as pd
 import pytest
 
 from disco.costs import model as costs
-from disco.policies import policy_class, spec_kind
 from disco.models import encode_prompt
 from disco.policies import parse_strategy
 from disco.replay.run import replay
@@ -111,8 +110,8 @@ def test_bench_recosts_cached_tables_under_a_flat_profile_without_the_models(tmp
     merged = runs.merge(again, on=key, suffixes=("_m", "_f"))
     assert len(merged) == len(runs)
     # a cost-aware rule reads the profile, so its iterations change with it; every other rule's do not
-    reads_costs = merged["strategy"].map(lambda spec: policy_class(spec_kind(spec)).needs_costs
-                                         or policy_class(spec_kind(spec)).reads_costs)
+    reads_costs = merged["strategy"].map(lambda spec: parse_strategy(spec).needs_costs
+                                         or parse_strategy(spec).reads_costs)  # a hybrid: as its assistant rule
     assert reads_costs.any() and not reads_costs.all()
     same = merged[~reads_costs]
     assert (same["target_passes_m"] == same["target_passes_f"]).all()
