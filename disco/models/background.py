@@ -24,20 +24,25 @@ JOIN_SECONDS = 30.0  # one layer or node is milliseconds; a model load (not inte
 
 _THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
 _ACTIVE = 0                       # forward passes in flight, in any thread
+_IN_PASS: "weakref.WeakKeyDictionary[threading.Thread, int]" = weakref.WeakKeyDictionary()  # passes per thread
 _IDLE = threading.Condition()
+UNWIND_SECONDS = 2.0  # how long the exit gives a thread it stopped mid-pass to leave its frames (a pool's never ends)
 
 
 @contextmanager
 def in_pass():
     """Around a forward pass's native code: the exit waits for it to leave (see the module doc)."""
     global _ACTIVE
+    thread = threading.current_thread()
     with _IDLE:
         _ACTIVE += 1
+        _IN_PASS[thread] = _IN_PASS.get(thread, 0) + 1
     try:
         yield
     finally:
         with _IDLE:
             _ACTIVE -= 1
+            _IN_PASS[thread] -= 1
             if _ACTIVE == 0:
                 _IDLE.notify_all()
 
@@ -60,9 +65,16 @@ def start(target, name: str) -> threading.Thread:
 @atexit.register
 def _stop() -> None:
     # atexit runs after the non-daemon threads have ended and before daemon threads are cut off
+    with _IDLE:
+        stopped = [t for t, n in _IN_PASS.items() if n > 0]  # threads the exit interrupts mid-pass
     SHUTDOWN.set()
     for thread in list(_THREADS):
         if thread.is_alive() and thread is not threading.current_thread():
             thread.join(JOIN_SECONDS)
     with _IDLE:
         _IDLE.wait_for(lambda: _ACTIVE == 0, JOIN_SECONDS)
+    # a thread nobody registered has left its pass but may still be unwinding (its exception, a print): give it a moment
+    # to finish, so the interpreter does not cut it off inside native frames (a worker pool's thread never finishes)
+    for thread in stopped:
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(UNWIND_SECONDS)

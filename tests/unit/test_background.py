@@ -64,5 +64,6 @@ def test_exit_while_a_background_thread_is_inside_a_pass(engine, thread, tmp_pat
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    # a registered thread is joined, so it finishes; an unregistered one only leaves its pass before the exit goes on
-    assert lines == ["exiting", "stopped by the exit"] if thread == "registered" else lines[0] == "exiting", lines
+    # a registered thread is joined, so it finishes; an unregistered one stopped mid-pass is given a moment to finish
+    # too (background.UNWIND_SECONDS), so the interpreter never cuts it off inside native frames
+    assert lines == ["exiting", "stopped by the exit"], lines
