@@ -84,3 +84,31 @@ def pytest_configure(config):
         shared.mkdir(parents=True, exist_ok=True)
         (work / "cache" / shared.relative_to(real)).symlink_to(shared, target_is_directory=True)
     os.environ["DISCO_CACHE"] = str(work / "cache")
+    config._disco_gguf = (cache.gguf_dir(), {p.name for p in cache.gguf_dir().iterdir()})
+
+
+SCRAP_PREFIXES = ("assistant-", "tokenizer-")  # what the tiny GGUF pairs leave in the shared gguf folder
+SCRAP_BYTES = 1 << 20                          # the embedded pair's files (its tokenizer: 11 MB) are larger
+
+
+def _size(path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def pytest_unconfigure(config):
+    """The gguf folder is the user's own (linked above, so the embedded pair is prepared once per machine): remove what
+    this session's tiny GGUF pairs added to it (their re-quantized assistants and tokenizers), nothing that was there
+    before, nothing of the embedded pair's."""
+    import shutil
+
+    folder, before = getattr(config, "_disco_gguf", (None, None))
+    if folder is None or not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        if path.name in before or not path.name.startswith(SCRAP_PREFIXES):
+            continue
+        try:
+            if _size(path) < SCRAP_BYTES:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        except OSError:
+            pass  # another process's file, or gone already: the next session tries again only for its own
