@@ -121,8 +121,9 @@ class ModelLoader:
             self.kernels = kernel_price.load_cached(path)
             if self.kernels is not None:
                 return
-            need, free = memory.need_bytes([path]), memory.available_bytes()
-            if free is not None and need > free:
+            short = memory.shortfall([path])
+            if short is not None:
+                need, free = short
                 self.kernels_note = (f"pricing them needs about {memory.gib(need)} more memory and this machine has "
                                      f"{memory.gib(free)} free (`python -m disco profile --kernels` does it elsewhere)")
                 return
@@ -308,9 +309,9 @@ def check_room(spec: str, engine: str) -> None:
         raise ModelLoadError(f"the {engine} engine is not ready here: {exc}") from None
     if weights is None:
         return  # a pair built in code, or hub ids: nothing on disk to measure
-    need, free = memory.need_bytes(weights), memory.available_bytes()
-    if engine == "llamacpp" and llama.exact_mode() and llama.fast_prefill_mode():
-        need *= 2  # each model also gets a repacked twin for its prefills
-    if free is not None and need > free:
+    twins = engine == "llamacpp" and llama.exact_mode() and llama.fast_prefill_mode()  # a repacked twin per model
+    short = memory.shortfall(weights, copies=2 if twins else 1)
+    if short is not None:
+        need, free = short
         raise ModelLoadError(f"the {engine} engine's pair needs about {memory.gib(need)} of memory and this machine has "
                              f"{memory.gib(free)} free: it is not loaded (the {engine} engine stays off here)")

@@ -16,6 +16,7 @@ import math
 import pandas as pd
 
 from disco.bench.analysis import geomean
+from disco.bench.kinds import per_setting, speedup_text
 from disco.errors import UserError
 from disco.policies import policy_class, spec_kind
 
@@ -42,16 +43,18 @@ def family(spec: str) -> str | None:
 
 
 def _speedups(rows: pd.DataFrame) -> pd.DataFrame:
-    """Geomean speed-up per strategy that drafted over ``rows``, with its family."""
-    if rows.empty:
-        return pd.DataFrame(columns=["speedup", "family"])
-    drafted = pd.to_numeric(rows["drafted"], errors="coerce").fillna(0) if "drafted" in rows else 1
-    rows = rows.assign(_drafted=drafted)
-    grouped = rows.groupby("strategy", sort=False)
-    frame = pd.DataFrame({"speedup": grouped["speedup"].apply(lambda s: geomean(s.astype(float))),
-                          "drafted": grouped["_drafted"].sum()})
+    """Geomean speed-up per strategy that drafted over ``rows`` (``kinds.per_setting``), with its family."""
+    frame = per_setting(rows)
     frame["family"] = [family(str(s)) for s in frame.index]
     return frame[(frame["drafted"] > 0) & frame["family"].notna()]
+
+
+def _replay_split(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """The replay rows to report on (the test split's, or every one without a split) and the train rows (or None)."""
+    rows = runs[runs["mode"] == "replay"]
+    if "split" in rows and {"train", "test"} <= set(rows["split"].dropna()):
+        return rows[rows["split"] == "test"], rows[rows["split"] == "train"]
+    return rows, None
 
 
 def _best(frame: pd.DataFrame, fam: str) -> tuple[str | None, float]:
@@ -63,17 +66,16 @@ def drafter_answer(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per kind (and ``all``) of the test split (every prompt when there is no split): module doc."""
     if runs.empty or "mode" not in runs:
         return pd.DataFrame(columns=COLUMNS)
-    rows = runs[runs["mode"] == "replay"]
-    has_split = "split" in rows and {"train", "test"} <= set(rows["split"].dropna())
-    test = rows[rows["split"] == "test"] if has_split else rows
-    train = _speedups(rows[rows["split"] == "train"]) if has_split else None
+    test, train_rows = _replay_split(runs)
+    train = _speedups(train_rows) if train_rows is not None else None
     chosen = {f: _best(train, f)[0] for f in FAMILIES} if train is not None else {}
-    if test.empty or not (_speedups(test)["family"] == "hybrid").any():
+    whole = _speedups(test)
+    if test.empty or not (whole["family"] == "hybrid").any():
         return pd.DataFrame(columns=COLUMNS)
     out = []
     for kind in [ALL] + list(dict.fromkeys(test["kind"])):
         part = test if kind == ALL else test[test["kind"] == kind]
-        frame = _speedups(part)
+        frame = whole if kind == ALL else _speedups(part)
         row = {"kind": kind, "prompts": int(part["prompt_id"].nunique())}
         for fam in FAMILIES:
             row[f"best_{fam}"], row[f"{fam}_speedup"] = _best(frame, fam)
@@ -92,15 +94,13 @@ def paired(runs: pd.DataFrame) -> pd.DataFrame:
     assistant rule X the runs hold both ways."""
     if runs.empty or "mode" not in runs:
         return pd.DataFrame()
-    rows = runs[runs["mode"] == "replay"]
-    if "split" in rows and {"train", "test"} <= set(rows["split"].dropna()):
-        rows = rows[rows["split"] == "test"]
+    rows, _ = _replay_split(runs)
     out = []
     for kind in [ALL] + list(dict.fromkeys(rows["kind"])):
         part = rows if kind == ALL else rows[rows["kind"] == kind]
         if part.empty:
             continue
-        speed = part.groupby("strategy", sort=False)["speedup"].apply(lambda s: geomean(s.astype(float)))
+        speed = per_setting(part)["speedup"]
         ratios: dict[str, list[float]] = {}
         for spec in speed.index:
             if family(str(spec)) != "hybrid":
@@ -135,10 +135,6 @@ def paired_md(frame: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _x(value) -> str:
-    return "—" if value is None or value != value else f"{value:.2f}x"
-
-
 def drafter_answer_md(frame: pd.DataFrame, cost_words: str = "") -> str:
     if frame.empty:
         return ""
@@ -146,7 +142,7 @@ def drafter_answer_md(frame: pd.DataFrame, cost_words: str = "") -> str:
              "| kind | prompts | best from the context | best with the assistant | best hybrid | hybrid ÷ the better |",
              "|---|---|---|---|---|---|"]
     for r in frame.to_dict("records"):
-        cells = [f"`{r[f'best_{f}']}` {_x(r[f'{f}_speedup'])}" if isinstance(r[f"best_{f}"], str) else "—"
+        cells = [f"`{r[f'best_{f}']}` {speedup_text(r[f'{f}_speedup'])}" if isinstance(r[f"best_{f}"], str) else "—"
                  for f in FAMILIES]
         ratio = r["hybrid_over_better"]
         lines.append(f"| {r['kind']} | {r['prompts']} | " + " | ".join(cells) +
@@ -157,7 +153,7 @@ def drafter_answer_md(frame: pd.DataFrame, cost_words: str = "") -> str:
                   f"| kind | `{first['chosen_context']}` | `{first['chosen_assistant']}` | `{first['chosen_hybrid']}` |",
                   "|---|---|---|---|"]
         for r in frame.to_dict("records"):
-            lines.append(f"| {r['kind']} | " + " | ".join(_x(r[f"chosen_{f}_test"]) for f in FAMILIES) + " |")
+            lines.append(f"| {r['kind']} | " + " | ".join(speedup_text(r[f"chosen_{f}_test"]) for f in FAMILIES) + " |")
     lines += ["", "Best in hindsight on the kind's own prompts, geometric means; a setting counts where it drafted. "
               "\"The better\": the faster of the best context drafter and the best assistant lane; a hybrid is worth "
               "running where this ratio is at least 1 on every kind."]

@@ -32,7 +32,7 @@ FAMILIES = {"static": lambda kind: kind == "static", "threshold": lambda kind: k
 ALL = "all"
 
 
-def _per_setting(rows: pd.DataFrame) -> pd.DataFrame:
+def per_setting(rows: pd.DataFrame) -> pd.DataFrame:
     """Geomean speed-up and total drafted tokens per strategy over ``rows`` (replay rows of some prompts)."""
     if rows.empty:
         return pd.DataFrame(columns=["speedup", "drafted", "family_kind"])
@@ -77,7 +77,7 @@ def kind_answer(runs: pd.DataFrame) -> pd.DataFrame:
     out = []
     for kind in ([ALL] + kinds_in(runs)) if not rows.empty else []:
         part = rows if kind == ALL else rows[rows["kind"] == kind]
-        frame = _per_setting(part)
+        frame = per_setting(part)
         ref = float(frame["speedup"].get(REFERENCE_SETTING, math.nan))
         static, static_sp = _best(frame, "static")
         thr, thr_sp = _best(frame, "threshold")
@@ -100,8 +100,8 @@ def leave_one_kind_out(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     out = []
     for held in kinds:
-        own = _per_setting(rows[rows["kind"] == held])
-        others = _per_setting(rows[rows["kind"] != held])
+        own = per_setting(rows[rows["kind"] == held])
+        others = per_setting(rows[rows["kind"] != held])
         for family in FAMILIES:
             chosen, chosen_sp = _best(others, family)
             hindsight, hindsight_sp = _best(own, family)
@@ -117,7 +117,7 @@ def leave_one_kind_out(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _x(value, digits: str = ".2f") -> str:
+def speedup_text(value, digits: str = ".2f") -> str:
     return "—" if value is None or value != value else f"{value:{digits}}x"
 
 
@@ -132,11 +132,11 @@ def kind_answer_md(frame: pd.DataFrame, cost_words: str) -> str:
              f"| kind | prompts | `{REFERENCE_SETTING}` | best threshold | its share | best static K | its share | "
              "best dynamic rule | ÷ best static | oracle |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in frame.to_dict("records"):
-        lines.append(f"| {r['kind']} | {r['prompts']} | {_x(r['reference'])} | `{r['best_threshold']}` "
-                     f"{_x(r['best_threshold_speedup'])} | {_pct(r['reference_of_best_threshold'])} | "
-                     f"`{r['best_static']}` {_x(r['best_static_speedup'])} | {_pct(r['reference_of_best_static'])} | "
-                     f"`{r['best_dynamic']}` {_x(r['best_dynamic_speedup'])} | {_x(r['dynamic_over_static'], '.3f')} | "
-                     f"{_x(r['oracle_speedup'])} |")
+        lines.append(f"| {r['kind']} | {r['prompts']} | {speedup_text(r['reference'])} | `{r['best_threshold']}` "
+                     f"{speedup_text(r['best_threshold_speedup'])} | {_pct(r['reference_of_best_threshold'])} | "
+                     f"`{r['best_static']}` {speedup_text(r['best_static_speedup'])} | {_pct(r['reference_of_best_static'])} | "
+                     f"`{r['best_dynamic']}` {speedup_text(r['best_dynamic_speedup'])} | {speedup_text(r['dynamic_over_static'], '.3f')} | "
+                     f"{speedup_text(r['oracle_speedup'])} |")
     lines += ["", f"\"Its share\": `{REFERENCE_SETTING}`'s speed-up over the kind's best threshold (or best static K), "
               "each chosen in hindsight on that kind's prompts; the best dynamic rule is the best setting of any rule "
               "that chooses the assistant's draft length per iteration (prompt lookup aside). Geometric means over "
@@ -161,7 +161,7 @@ def leave_one_kind_out_md(frame: pd.DataFrame) -> str:
                 continue
             r = r.iloc[0]
             chosen = f" `{r['chosen_on_others']}`" if family != "fixed" and r["chosen_on_others"] else ""
-            cells.append(f"{_x(r['held_speedup'])}{chosen}, {_pct(r['of_held_best'])}")
+            cells.append(f"{speedup_text(r['held_speedup'])}{chosen}, {_pct(r['of_held_best'])}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "Each cell: the speed-up on the held kind's prompts of the setting chosen on all other kinds' prompts, "
               "and its share of the held kind's own best setting of that family (in hindsight; for the fixed setting: "

@@ -44,7 +44,7 @@ from disco.errors import BenchError
 from disco.models import load_pair, resolve_assistant
 from disco.models.turns import COMPUTE_LOCK
 from disco.policies import AUTOREGRESSIVE, Autoregressive, Policy, parse_strategy
-from disco.policies.grids import default_grid, with_baseline
+from disco.policies.grids import deepest_draft, default_grid, with_baseline
 from disco.suites import Picked, Selection, SuitePrompt, pick, pick_prompts, split_prompts
 
 
@@ -177,7 +177,7 @@ def _run_loaded(cfg: BenchConfig, pair, picked: Picked, prompts: list[SuitePromp
     if cfg.mode in ("replay", "both"):
         # costs are measured after the tables (models warm) and right before the timed runs, so that the
         # validation compares prediction and measurement taken under the same conditions
-        kmax = max([getattr(p, "k", None) or p.values.get("k", 1) for p in specs] + [1])  # a hybrid: both parts
+        kmax = deepest_draft(specs)
 
         def measure() -> CostModel:
             _log(f"calibrating per-pass costs on {pair.describe()['models']} ({meta['dtype']}, {meta['device']}) ...")

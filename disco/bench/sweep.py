@@ -17,7 +17,7 @@ from disco.costs.measure import cached_costs, known_costs
 from disco.costs.model import CostModel
 from disco.errors import BenchError, Interrupted
 from disco.policies import Policy
-from disco.policies.grids import with_baseline
+from disco.policies.grids import deepest_draft, with_baseline
 from disco.replay.run import replay_many
 from disco.replay.tables import build_table
 from disco.suites import SuitePrompt
@@ -56,7 +56,7 @@ def sweep(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_toke
     cache_dir = cache.tables_dir() if cache_dir is None else cache_dir
     policies = with_baseline(policies)
     encoder = PromptEncoder(pair, max_new_tokens, cache_dir, fitting)
-    kmax = max([getattr(p, "k", None) or p.values.get("k", 1) for p in policies] + [1])  # a hybrid: both parts
+    kmax = deepest_draft(policies)
     meta = environment(pair)
     meta["max_new_tokens"] = max_new_tokens
     report = on_progress or (lambda fraction, message: None)

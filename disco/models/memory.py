@@ -72,6 +72,13 @@ def need_bytes(paths) -> int:
     return int(weight_bytes(paths) * OVERHEAD)
 
 
+def shortfall(paths, copies: int = 1) -> tuple[int, int] | None:
+    """``(need, free)`` when ``copies`` resident copies of these weights do not fit the free memory, else None (also
+    when the free memory cannot be read)."""
+    need, free = need_bytes(paths) * copies, available_bytes()
+    return (need, free) if free is not None and need > free else None
+
+
 def gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 

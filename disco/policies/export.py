@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from disco.policies.base import Policy
+from disco.policies.hybrid import join_llama_flags
 
 ENGINES = ("transformers", "llama.cpp", "vllm")
 SKLEARN_NOTE = ("with scikit-learn installed, transformers adapts a non-zero assistant_confidence_threshold online "
@@ -73,8 +74,7 @@ def _llama_hybrid(policy: Policy) -> dict:
     context, assistant = _llama(policy.from_context), _llama(policy.from_assistant)
     if context["config"] is None or assistant["config"] is None:
         return _entry(None, "", "no llama.cpp counterpart of one of its parts", False)
-    types = f"{context['config'][1]},{assistant['config'][1]}"
-    flags = ["--spec-type", types] + context["config"][2:] + assistant["config"][2:]
+    flags = join_llama_flags(context["config"], assistant["config"])
     exact = context["exact"] and assistant["exact"]
     notes = [n for n in (context["note"], assistant["note"]) if n]
     note = "llama.cpp asks its n-gram drafter first and drafts with the model only when that finds no match"

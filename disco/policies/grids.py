@@ -68,5 +68,11 @@ def with_baseline(policies: Iterable[Policy]) -> list[Policy]:
     return policies
 
 
+def deepest_draft(policies: Iterable[Policy]) -> int:
+    """The longest draft any of ``policies`` can send (its ``k``: a hybrid's covers both its parts), at least 1: how
+    far the per-pass costs must be measured."""
+    return max([getattr(p, "k", None) or p.values.get("k", 1) for p in policies] + [1])
+
+
 def threshold_spec(tau: float, kmax: int) -> str:
     return canonical_spec("threshold", tau=tau, k=kmax)

@@ -34,6 +34,11 @@ ASSISTANTS = ("threshold:0.2:10", "threshold:0.4:10", "threshold:0.6:10", "thres
               "pmin:0.4:3", "costaware:10", "costaware:20")
 
 
+def join_llama_flags(context: list[str], assistant: list[str]) -> list[str]:
+    """Two llama.cpp flag lists that each start with ``--spec-type T`` as one: ``--spec-type C,A`` and the rest of both."""
+    return ["--spec-type", f"{context[1]},{assistant[1]}", *context[2:], *assistant[2:]]
+
+
 def _canonical(policy: Policy) -> str:
     return canonical_spec(policy.kind, **policy.values)
 
@@ -155,8 +160,7 @@ class Hybrid(Policy):
         parts = [getattr(p, "llama_args", None) for p in (self.from_context, self.from_assistant)]
         if None in parts:
             return None
-        context, assistant = (f() for f in parts)
-        return ["--spec-type", f"{context[1]},{assistant[1]}", *context[2:], *assistant[2:]]
+        return join_llama_flags(*(f() for f in parts))
 
     def describe(self) -> str:
         return f"{self.from_context.describe()}; without a match: {self.from_assistant.describe()}"
