@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Build llama-cpp-python (pinned in requirements-llamacpp.txt) once into a wheelhouse, and install it into .venv.
 #
-# PyPI has only its source: the build takes ~6 minutes on 2 cores (CMake, the vendored llama.cpp). It is done once;
+# PyPI has only its source: the build takes ~10 minutes on 2 cores (CMake, the vendored llama.cpp). It is done once;
 # later set-ups install the kept wheel in seconds. Build flags:
-#   * a portable x86-64-v3 baseline (AVX2, FMA, F16C, BMI2; GGML_NATIVE off), so an image or a Space built on one
-#     CPU runs on another (CMAKE_ARGS overrides, e.g. CMAKE_ARGS=-DGGML_NATIVE=ON for this machine's own kernels);
+#   * on x86-64, one build with every CPU's kernels: ggml's CPU backend is built once per instruction-set level
+#     (GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS: x64, SSE4.2, AVX, AVX2, AVX-512 with VNNI/VBMI/BF16, AMX ...) as
+#     libggml-cpu-NAME.so beside libllama, and disco/models/cpu_variant.py loads the best one this CPU runs at start,
+#     so an image or a Space built on one CPU runs on any other and each gets its own kernels (CMAKE_ARGS adds flags);
 #   * llamafile's sgemm off: its rows depend on the batch size, and DISCO Lab's exact mode needs a verified row to
 #     equal the one-token row (disco/models/llama.py); measured no slower for the embedded pair;
 #   * no multimodal library (a quarter of the build, unused).
 # The same build also gives llama.cpp's own programs that the benchmark times as this engine's peer: its speculative
 # example (llama-speculative-simple) and llama-bench (its plain decoding); they are linked against the wheel's
-# libraries and kept beside the wheel.
+# libraries and kept beside the wheel (they load the CPU variant named by GGML_BACKEND_PATH, which DISCO Lab sets).
 #
 # Usage: scripts/llama-build.sh            (from scripts/setup.sh; DISCO_WHEELHOUSE sets where the wheel is kept)
 # Never fatal: where the build is not possible, one line says so and the torch engine still works.
@@ -25,29 +27,44 @@ peers="llama-speculative-simple llama-bench"
 
 say() { echo "setup: $*" >&2; }
 
+# what kind of build this is: a wheel or an install of another kind (an older single-CPU build) is built again
+if [ "$(uname -m)" = x86_64 ]; then flavour="cpu-variants-1"; else flavour="default-1"; fi
+build_flags() {
+  local f="-DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF -DGGML_CCACHE=OFF"
+  if [ "$flavour" = cpu-variants-1 ]; then
+    # the variant modules are installed where ggml's own rule puts backends (CMAKE_INSTALL_BINDIR), i.e. beside libllama
+    f="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DCMAKE_INSTALL_BINDIR=llama_cpp/lib $f"
+  fi
+  echo "$f"
+}
+libdir() { $py -c 'import os, importlib.util as u; print(os.path.join(os.path.dirname(u.find_spec("llama_cpp").origin), "lib"))' 2>/dev/null; }
+
 installed="$($py -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null)"
-if [ "$installed" = "$version" ] && { [ -x .venv/bin/llama-bench ] || [ ! -e "$house/llama-bench-$version" ]; }; then
+if [ "$installed" = "$version" ] && [ "$(cat "$(libdir)/disco-build-flavour" 2>/dev/null)" = "$flavour" ] \
+   && { [ -x .venv/bin/llama-bench ] || [ ! -e "$house/llama-bench-$version" ]; }; then
   exit 0  # installed (with llama.cpp's own programs where they could be built)
 fi
 
 wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
+if [ -n "$wheel" ] && [ "$(cat "$house/llama-build-flavour-$version" 2>/dev/null)" != "$flavour" ]; then
+  say "the kept $(basename "$wheel") is another kind of build; building this kind"
+  rm -f "$wheel" "$house/llama-speculative-simple-$version" "$house/llama-bench-$version"
+  wheel=""
+fi
 if [ -z "$wheel" ]; then
   for tool in cmake g++ make; do
     command -v "$tool" >/dev/null 2>&1 || { say "no $tool here, so llama-cpp-python cannot be built; the torch engine still works"; exit 0; }
   done
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
-  say "building llama-cpp-python $version once (~6 minutes on 2 cores; kept in $house) ..."
+  say "building llama-cpp-python $version once (~10 minutes on 2 cores; kept in $house) ..."
   start=$SECONDS
   if ! $py -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: "$pin" -d "$work" >"$work/log" 2>&1; then
     say "could not download the llama-cpp-python source ($(tail -n 1 "$work/log")); the torch engine still works"; exit 0
   fi
   tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
   src="$work/llama_cpp_python-$version"
-  flags="-DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF -DGGML_CCACHE=OFF"
-  if [ "$(uname -m)" = x86_64 ]; then
-    flags="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON $flags"
-  fi
+  flags="$(build_flags)"
   mkdir -p "$house"
   if ! CMAKE_ARGS="$flags ${CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
        $py -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$work/wheel" -C build-dir="$work/build" "$src" \
@@ -71,6 +88,7 @@ if [ -z "$wheel" ]; then
   link llama-speculative-simple "$l/examples/speculative-simple/speculative-simple.cpp"
   link llama-bench "$l/tools/llama-bench/llama-bench.cpp" "$l/tools/llama-bench/main.cpp"
   cp "$work"/wheel/*.whl "$house"/
+  echo "$flavour" >"$house/llama-build-flavour-$version"
   wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl | head -n 1)"
   say "built $(basename "$wheel") in $((SECONDS - start)) s"
 fi
@@ -81,4 +99,5 @@ fi
 for name in $peers; do
   if [ -x "$house/$name-$version" ]; then cp "$house/$name-$version" ".venv/bin/$name"; fi
 done
+echo "$flavour" >"$(libdir)/disco-build-flavour"
 exit 0

@@ -236,7 +236,8 @@ class ModelLoader:
         if self.error is not None:
             return f"✗ The **{self.spec}** models could not be loaded: {html.escape(str(self.error))}"
         d = self.pair.describe()
-        engine = ("llama.cpp" + (" (exact kernels)" if d.get("exact") else " (its default kernels)")
+        variant = f", {d['kernels']} CPU variant" if d.get("kernels") else ""
+        engine = ("llama.cpp" + (" (exact kernels" if d.get("exact") else " (its default kernels") + variant + ")"
                   if d.get("engine") == "llamacpp" else "torch")
         return (f"● Models ready: target **{d['target']}**, assistant **{d['assistant']}** "
                 f"({d['assistant_precision']} by default) · engine **{engine}** · {d['dtype']} on {d['device']} · context "

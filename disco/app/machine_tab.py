@@ -48,6 +48,9 @@ def markdown(profile: dict | None, calibration: dict | None, step: str | None, e
     parts = []
     if profile is not None:
         parts.append(f"**Machine:** {html.escape(profile['machine'])}, torch {profile['key']['torch']}")
+    if pair is not None and pair.get("kernels"):
+        parts.append(f"**llama.cpp's kernels:** its `{html.escape(pair['kernels'])}` CPU variant, the best of those "
+                     "built that this CPU runs (AMX only when named; `DISCO_LLAMA_CPU_VARIANT` names another).")
     if calibration is not None:
         parts.append(f"**Numerics (chosen by timing the passes that matter):** {calibration['dtype']} with the "
                      f"{calibration['assistant_precision']} assistant by default: {html.escape(calibration['reason'])}.")

@@ -206,8 +206,9 @@ def start_workers(ray, cfg: ClusterConfig, spec: PairSpec, n: int, log_line=prin
         raise BenchError(f"no Ray worker could load {spec.models}: {errors[0] if errors else 'no worker started'}")
     pairs = {json.dumps(i["pair"], sort_keys=True) for i in identities}
     if len(pairs) > 1:
-        raise BenchError("the Ray workers load different pairs (engine, dtype or assistant precision differ between "
-                         "machines): give --engine, --dtype and --assistant-precision explicitly")
+        raise BenchError("the Ray workers load different pairs (engine, dtype, assistant precision or llama.cpp's CPU "
+                         "variant differ between machines): give --engine, --dtype and --assistant-precision "
+                         "explicitly, and on mixed CPUs set DISCO_LLAMA_CPU_VARIANT (e.g. haswell) where you run bench")
     return ready, identities[0]["pair"]
 
 

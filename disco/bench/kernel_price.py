@@ -67,7 +67,8 @@ def _bench(model: Path, args: list[str], env: dict, timeout: int = 600) -> list[
     if exe is None:
         raise KernelPriceUnavailable("llama-bench is not built here (scripts/llama-build.sh builds it with the wheel)")
     cmd = [str(exe), "-m", str(model), "-t", str(llama.threads()), "-o", "csv", *args]
-    full_env = {k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"} | env
+    # the CPU variant this process runs (a build with several), so llama-bench prices the same kernels
+    full_env = llama.child_env({k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"} | env)
     proc = _run(cmd, full_env, timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["(no output)"]
@@ -161,7 +162,8 @@ def measure(model: Path, reps: int = 3, chunk=None, say=None, pair=None) -> dict
     data["weight_bytes"] = weight_bytes(model)
     data["floor_ms"] = data["weight_bytes"] / (data["bandwidth_gbs"]["all"] * 1e9) * 1000
     data.update(format=FORMAT, model=str(model), machine=" ".join(cpu_info()["flags"]), cpu=cpu_info()["cpu"],
-                threads=llama.threads(), llama_cpp=llama.version(), seconds=time.perf_counter() - start,
+                threads=llama.threads(), llama_cpp=llama.version(), kernels=llama.kernels(),
+                seconds=time.perf_counter() - start,
                 measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
     return data
 
@@ -184,7 +186,7 @@ def summary(data: dict) -> dict:
 def _path(model: Path, root=None) -> Path:
     stat = Path(model).stat()
     key = json.dumps([str(Path(model).resolve()), stat.st_size, int(stat.st_mtime), cpu_info()["flags"],
-                      llama.threads(), llama.version(), llama.exact_mode()])
+                      llama.threads(), llama.version(), llama.exact_mode(), llama.kernels()])
     folder = Path(root) if root is not None else cache.machine_dir()
     return folder / f"kernels-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
@@ -233,8 +235,9 @@ def markdown(data: dict) -> str:
     if ours == ours:
         bound += (f" Our own target alone decodes {data['ours_tokens_per_s']:.1f} tokens/s: {ours:.2f}× llama-bench's "
                   "time per token with the same exact kernels.")
+    variant = f", the {data['kernels']} CPU variant of its kernels" if data.get("kernels") else ""
     return ("**What exact kernels cost here** (`llama-bench`, passes on a 40-token cache, "
-            f"{data['threads']} threads; measured {data['measured_at']}):\n\n" + "\n".join(head + rows) +
+            f"{data['threads']} threads{variant}; measured {data['measured_at']}):\n\n" + "\n".join(head + rows) +
             f"\n\n{floor} {bound}")
 
 

@@ -44,7 +44,7 @@ def has_peer(policy: Policy) -> bool:
 def _env() -> dict:
     env = dict(os.environ)
     env.pop("GGML_CPU_TILED_MM", None)  # llama.cpp's defaults, not our exact mode
-    return env
+    return llama.child_env(env)  # the CPU variant our own lanes run (a build with several)
 
 
 def plain(pair, max_new_tokens: int, reps: int = 1) -> dict:

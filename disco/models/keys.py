@@ -23,4 +23,6 @@ def machine_key(models: str, device, engine: str = "torch") -> dict:
         key.update(engine=engine, llama_cpp=llama.version(), threads=llama.threads(), exact=llama.exact_mode())
         if llama.exact_mode() and llama.fast_prefill_mode():
             key["fast_prefill"] = True
+        if llama.kernels():  # a build with one CPU backend per instruction set: which one runs here
+            key["kernels"] = llama.kernels()
     return key

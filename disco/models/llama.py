@@ -31,6 +31,7 @@ import torch
 
 from disco import limits
 from disco.errors import InputError, Interrupted, UserError
+from disco.models import cpu_variant
 from disco.models.background import SHUTDOWN, in_pass
 
 EXACT_ENV = "DISCO_LLAMA_EXACT"
@@ -79,6 +80,10 @@ def library():
                                    f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); scripts/setup.sh "
                                    "builds llama-cpp-python, or use --engine torch") from None
         lib.llama_log_set(_QUIET, ctypes.c_void_p(0))  # llama.cpp and ggml both print to stderr otherwise
+        try:  # a build with one CPU backend per instruction set registers the one this CPU runs best
+            cpu_variant.load(os.environ.get("LLAMA_CPP_LIB_PATH") or os.path.join(os.path.dirname(lib.__file__), "lib"))
+        except cpu_variant.VariantError as exc:
+            raise LlamaUnavailable(f"the llama.cpp engine cannot start: {exc}") from None
         lib.llama_backend_init()
         _LIB = lib
         return lib
@@ -98,6 +103,25 @@ def version() -> str | None:
         return library().__version__
     except LlamaUnavailable:
         return None
+
+
+def kernels() -> str | None:
+    """The CPU variant of llama.cpp's kernels this process runs (``disco.models.cpu_variant``), or None for a build
+    with one CPU backend linked in (or where the engine is not available)."""
+    try:
+        library()
+    except LlamaUnavailable:
+        return None
+    chosen = cpu_variant.loaded()
+    return chosen.name if chosen else None
+
+
+def child_env(env: dict) -> dict:
+    """``env`` for one of llama.cpp's own programs, naming the CPU variant this process runs (where the build has
+    several), so they compute with the same kernels."""
+    if kernels() is None:
+        return env
+    return cpu_variant.child_env(env)
 
 
 def _quiet(level, text, user_data):

@@ -299,6 +299,7 @@ def _load_gguf_once(spec: str, folders, progress: bool, log):
         if key not in _GGUF_PAIRS:
             pair = _load_gguf(spec, folders, progress, log)
             fast = ", prefill on repacked weights" if pair.target_model.fast_prefill else ""
+            fast += f", {llama.kernels()} CPU variant" if llama.kernels() else ""
             log(f"models loaded in {pair.load_seconds:.1f} s ({pair.dtype_name}, llama.cpp "
                 f"{'exact' if pair.exact else 'default'} kernels{fast}, {llama.threads()} threads)")
             _GGUF_PAIRS[key] = pair

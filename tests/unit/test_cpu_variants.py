@@ -1,0 +1,111 @@
+"""One llama.cpp build, each CPU's kernels (``disco.models.cpu_variant``): which variant is chosen and how one is
+named, that the choice reaches every key a variant's rows are filed under and llama.cpp's own programs, and that
+exact mode keeps every verified row the one-token row on every variant this CPU runs (each in its own process)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import variant_rows  # tests/ is on the path
+from disco.models import cpu_variant
+from disco.models.cpu_variant import Variant, VariantError, built, choose
+
+
+def fake(**scores) -> list[Variant]:
+    return sorted((Variant(name, f"/x/libggml-cpu-{name}.so", s) for name, s in scores.items()),
+                  key=lambda v: (-v.score, v.name))
+
+
+def test_the_best_scoring_variant_this_cpu_runs_is_chosen_and_amx_only_by_name():
+    found = fake(x64=1, haswell=50, zen4=300, sapphirerapids=900, alderlake=0)
+    assert choose(found).name == "zen4"  # sapphirerapids scores higher but is opt-in
+    assert choose(found, "sapphirerapids").name == "sapphirerapids"
+    assert choose(found, "haswell").name == "haswell"
+
+
+@pytest.mark.parametrize("wanted,says", [("alderlake", "needs instructions this CPU lacks"),
+                                          ("power9", "is not built here")])
+def test_a_named_variant_that_cannot_run_is_one_line(wanted, says):
+    with pytest.raises(VariantError) as err:
+        choose(fake(x64=1, haswell=50, alderlake=0), wanted)
+    text = str(err.value)
+    assert says in text and "DISCO_LLAMA_CPU_VARIANT" in text and "haswell" in text and "\n" not in text
+
+
+def test_no_runnable_variant_is_an_error_and_no_variants_is_a_linked_build():
+    with pytest.raises(VariantError, match="none of"):
+        choose(fake(zen4=0, sapphirerapids=0))
+    assert choose([]) is None
+    with pytest.raises(VariantError, match="one CPU backend linked in"):
+        choose([], "haswell")
+
+
+def test_only_variant_modules_are_read_from_the_library_folder(tmp_path):
+    for name in ["libggml-cpu-haswell.so", "libggml-cpu-zen4.so", "libggml-cpu.so", "libggml-base.so",
+                 "libggml-cpu-haswell.so.0", "libllama.so"]:
+        (tmp_path / name).write_bytes(b"")
+    scores = {"haswell": 50, "zen4": 300}
+    found = built(tmp_path, score=lambda path: scores[Path(path).name[len("libggml-cpu-"):-3]])
+    assert [(v.name, v.score) for v in found] == [("zen4", 300), ("haswell", 50)]
+    assert built(tmp_path / "missing", score=lambda path: 1) == []
+
+
+def test_an_unloadable_module_scores_zero_and_is_logged(tmp_path, caplog):
+    (tmp_path / "libggml-cpu-broken.so").write_bytes(b"not an ELF file")
+    found = built(tmp_path)  # the real scorer: dlopen fails
+    assert found == [Variant("broken", str(tmp_path / "libggml-cpu-broken.so"), 0)]
+    assert "does not load here" in caplog.text
+
+
+def test_programs_are_given_the_variant_this_process_runs(monkeypatch):
+    monkeypatch.setattr(cpu_variant, "_LOADED", Variant("zen4", "/lib/libggml-cpu-zen4.so", 300))
+    assert cpu_variant.child_env({"A": "1"}) == {"A": "1", "GGML_BACKEND_PATH": "/lib/libggml-cpu-zen4.so"}
+    monkeypatch.setattr(cpu_variant, "_LOADED", None)
+    assert cpu_variant.child_env({"A": "1"}) == {"A": "1"}
+
+
+def test_a_variant_keys_tables_apart_and_a_linked_build_keeps_its_keys():
+    from disco.models.pair import pair_key
+
+    class Pair:
+        def __init__(self, **extra):
+            self.info = {"models": "m", "target": "t", "assistant": "a", "engine": "llamacpp", "exact": True, **extra}
+
+        def describe(self):
+            return self.info
+
+    assert pair_key(Pair()) == pair_key(Pair(kernels=None))  # the keys of builds without variants are unchanged
+    assert len({pair_key(Pair()), pair_key(Pair(kernels="zen4")), pair_key(Pair(kernels="haswell"))}) == 3
+
+
+# ---- the real build (where it has variants) ----
+
+def test_this_process_runs_the_best_default_variant_and_says_so():
+    llama = variant_rows.require_variants()
+    from disco.models.keys import machine_key
+
+    libdir = Path(cpu_variant.loaded().path).parent
+    runnable = [v for v in built(libdir) if v.runs_here]
+    assert {"x64", "haswell"} <= {v.name for v in runnable}  # every x86-64 CPU here runs these
+    expected = os.environ.get("DISCO_LLAMA_CPU_VARIANT") or choose(built(libdir)).name
+    assert llama.kernels() == expected and expected not in cpu_variant.OPT_IN
+    assert machine_key("m", "cpu", "llamacpp")["kernels"] == expected
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    import tiny_gguf
+
+    target, _ = tiny_gguf.write_pair(tmp_path_factory.mktemp("variant-gguf"), "Q8_0")
+    return target
+
+
+@pytest.mark.parametrize("variant", variant_rows.runnable())
+def test_exact_rows_are_the_one_token_rows_on_every_variant(variant, tiny_target):
+    variant_rows.require_variants()
+    result = variant_rows.run_on(variant, tiny_target)
+    assert result["kernels"] == variant
+    assert all(result["equal"].values()), result
