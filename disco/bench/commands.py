@@ -206,6 +206,9 @@ def add_profile(sub) -> None:
     p.add_argument("--kernels", action="store_true",
                    help="llama.cpp engine: also price its exact kernels against llama.cpp's defaults with llama-bench, "
                         "and show the memory floor of a pass (about a minute once; cached)")
+    p.add_argument("--variants", action="store_true",
+                   help="with --kernels: also price every CPU variant of llama.cpp's kernels built here that this CPU "
+                        "runs (about 40 s each, not cached; DISCO_LLAMA_CPU_VARIANT picks the one the app runs)")
     p.set_defaults(func=cmd_profile)
 
 
@@ -268,6 +271,8 @@ def cmd_profile(args) -> int:
     if not 1 <= args.reps <= 20:
         raise options.UsageError(f"--reps must be between 1 and 20, got {args.reps}")
     options.check_writable(args.csv)
+    if args.variants and not args.kernels:
+        raise options.UsageError("--variants goes with --kernels")
     pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
     if args.kernels and getattr(pair, "engine", None) != "llamacpp":
         raise InputError("--kernels prices llama.cpp's kernels: use it with --engine llamacpp")
@@ -280,13 +285,19 @@ def cmd_profile(args) -> int:
         from disco.bench import kernel_price
 
         kernels = kernel_price.get(pair.target_path, refresh=args.refresh, say=_log, pair=pair)
+    variants = kernel_price.measure_variants(pair.target_path, args.reps, say=_log) if args.variants else {}
+    if args.variants and not variants:
+        _log("--variants: this llama.cpp build has one CPU backend linked in, no variants to price")
     if args.json:
         data = prof.to_dict() | ({"kernels": kernels, "kernels_summary": kernel_price.summary(kernels)} if kernels else {})
+        data |= {"kernel_variants": variants} if variants else {}
         print(json.dumps(options.json_safe(data), ensure_ascii=False))
     else:
         print_profile(prof)
         if kernels:
             print("\n" + kernel_price.markdown(kernels))
+        if variants:
+            print("\n" + kernel_price.variants_markdown(variants, kernels.get("kernels")))
     return 0
 
 

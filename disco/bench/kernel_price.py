@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -62,13 +63,15 @@ def _run(cmd: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def _bench(model: Path, args: list[str], env: dict, timeout: int = 600) -> list[dict]:
+def _bench(model: Path, args: list[str], env: dict, timeout: int = 600, variant: str | None = None) -> list[dict]:
     exe = binary("llama-bench")
     if exe is None:
         raise KernelPriceUnavailable("llama-bench is not built here (scripts/llama-build.sh builds it with the wheel)")
     cmd = [str(exe), "-m", str(model), "-t", str(llama.threads()), "-o", "csv", *args]
-    # the CPU variant this process runs (a build with several), so llama-bench prices the same kernels
+    # the CPU variant this process runs (a build with several), so llama-bench prices the same kernels; or the
+    # variant module named by ``variant``
     full_env = llama.child_env({k: v for k, v in os.environ.items() if k != "GGML_CPU_TILED_MM"} | env)
+    full_env |= {"GGML_BACKEND_PATH": variant} if variant else {}
     proc = _run(cmd, full_env, timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["(no output)"]
@@ -80,10 +83,12 @@ def _ms(row: dict) -> float:
     return int(row["avg_ns"]) / 1e6
 
 
-def measure_kernels(model: Path, reps: int = 3, chunk=None, say=None) -> dict:
+def measure_kernels(model: Path, reps: int = 3, chunk=None, say=None, variant: str | None = None) -> dict:
     """Pass costs and decode speed with each kernel set (module doc). ``chunk()`` returns the context manager held
-    around each llama-bench call (the app's turn lock); ``say`` gets progress lines."""
+    around each llama-bench call (the app's turn lock); ``say`` gets progress lines; ``variant``: the path of a CPU
+    variant module to price instead of the one this process runs."""
     chunk = chunk or contextlib.nullcontext
+    _bench = functools.partial(globals()["_bench"], variant=variant)
     out: dict = {"passes_ms": {}, "prefill_ms_per_token": {}, "decode_tokens_per_s": {}}
     for name, (flags, env) in KERNELS.items():
         (say or (lambda _m: None))(f"llama.cpp {name} kernels: passes over {', '.join(map(str, SIZES))} tokens ...")
@@ -166,6 +171,26 @@ def measure(model: Path, reps: int = 3, chunk=None, say=None, pair=None) -> dict
                 seconds=time.perf_counter() - start,
                 measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
     return data
+
+
+def measure_variants(model: Path, reps: int = 3, say=None) -> dict[str, dict]:
+    """Every CPU variant built here that this CPU runs, priced as ``measure_kernels`` prices this process's own
+    (``profile --kernels --variants``; about 40 s a variant, not cached). Empty for a build without variants."""
+    return {v.name: measure_kernels(model, reps, say=say, variant=v.path) for v in llama.runnable_variants()}
+
+
+def variants_markdown(by_variant: dict[str, dict], running: str | None) -> str:
+    """One row per variant: the passes that decide speculation (1 and 4 tokens), prefill and plain decoding."""
+    rows = ["| CPU variant | exact: 1 token, ms | 4 tokens (× 1) | defaults: 1 token, ms | 4 tokens (× 1) | "
+            "prefill, ms a prompt token (exact / defaults) | plain decoding, tokens/s (exact / defaults) |",
+            "|---|---|---|---|---|---|---|"]
+    for name, d in by_variant.items():
+        p, pf, dec = d["passes_ms"], d["prefill_ms_per_token"], d["decode_tokens_per_s"]
+        cells = [f"{p[k][1]:.0f} | {p[k][4]:.0f} ({p[k][4] / p[k][1]:.2f}×)" for k in ("exact", "default")]
+        rows.append(f"| {name}{' ◀' if name == running else ''} | {' | '.join(cells)} | {pf['exact']:.1f} / "
+                    f"{pf['default']:.1f} | {dec['exact']:.1f} / {dec['default']:.1f} |")
+    return ("**llama.cpp's CPU variants on this machine** (`llama-bench`, passes on a 40-token cache; ◀ the one "
+            "this process runs):\n\n" + "\n".join(rows))
 
 
 def summary(data: dict) -> dict:

@@ -116,6 +116,16 @@ def kernels() -> str | None:
     return chosen.name if chosen else None
 
 
+def runnable_variants() -> list:
+    """The CPU variants built here that this CPU runs, best first (``cpu_variant.Variant``); empty for a build with
+    one CPU backend linked in."""
+    if kernels() is None:
+        return []
+    from pathlib import Path
+
+    return [v for v in cpu_variant.built(Path(cpu_variant.loaded().path).parent) if v.runs_here]
+
+
 def child_env(env: dict) -> dict:
     """``env`` for one of llama.cpp's own programs, naming the CPU variant this process runs (where the build has
     several), so they compute with the same kernels."""

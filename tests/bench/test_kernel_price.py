@@ -69,6 +69,24 @@ def test_both_kernel_sets_priced_with_their_flags(fake_bench, tmp_path):
     assert len(fake_bench) == calls and again["passes_ms"] == data["passes_ms"]
 
 
+def test_each_runnable_cpu_variant_is_priced_with_its_own_module(fake_bench, monkeypatch, tmp_path):
+    from disco.models import llama
+    from disco.models.cpu_variant import Variant
+
+    target, _ = tiny_gguf.write_pair(tmp_path)
+    found = [Variant("zen4", "/lib/libggml-cpu-zen4.so", 300), Variant("haswell", "/lib/libggml-cpu-haswell.so", 50)]
+    monkeypatch.setattr(llama, "runnable_variants", lambda: found)
+    data = kernel_price.measure_variants(target, reps=1)
+    assert list(data) == ["zen4", "haswell"]
+    per_variant = 2 * (len(kernel_price.SIZES) + 2)
+    paths = [env.get("GGML_BACKEND_PATH") for _, env in fake_bench]
+    assert paths == ["/lib/libggml-cpu-zen4.so"] * per_variant + ["/lib/libggml-cpu-haswell.so"] * per_variant
+    text = kernel_price.variants_markdown(data, "zen4")
+    assert "| zen4 ◀ | 40 |" in text and "| haswell | 40 |" in text and f"({4 ** 0.8:.2f}×)" in text
+    monkeypatch.setattr(llama, "runnable_variants", lambda: [])
+    assert kernel_price.measure_variants(target, reps=1) == {}
+
+
 def test_missing_llama_bench_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setattr(kernel_price, "binary", lambda name: None)
     with pytest.raises(kernel_price.KernelPriceUnavailable, match="llama-bench is not built here"):

@@ -195,6 +195,7 @@ def test_profile_json_and_csv_then_auto_lane(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["profile", "--models", "tiny", "--prompts", "nope"], "unknown suite prompt"),
     (["profile", "--models", "tiny", "--reps", "0"], "--reps"),
+    (["profile", "--models", "tiny", "--variants"], "--variants goes with --kernels"),
     (["generate", "--models", "tiny", "--prompt", "x", "--assistant-precision", "fp8"], "invalid choice"),
     (["generate", "--models", "tiny", "--prompt", "x", "--strategy", "static:3@fp8"], "assistant precision"),
 ])
