@@ -176,7 +176,9 @@ def measure(model: Path, reps: int = 3, chunk=None, say=None, pair=None) -> dict
 def measure_variants(model: Path, reps: int = 3, say=None) -> dict[str, dict]:
     """Every CPU variant built here that this CPU runs, priced as ``measure_kernels`` prices this process's own
     (``profile --kernels --variants``; about 40 s a variant, not cached). Empty for a build without variants."""
-    return {v.name: measure_kernels(model, reps, say=say, variant=v.path) for v in llama.runnable_variants()}
+    say = say or (lambda _m: None)
+    return {v.name: measure_kernels(model, reps, say=lambda m, name=v.name: say(f"{name}: {m}"), variant=v.path)
+            for v in llama.runnable_variants()}
 
 
 def variants_markdown(by_variant: dict[str, dict], running: str | None) -> str:
