@@ -82,7 +82,7 @@ JSON_FIELDS = ["strategy", "text", "new_tokens", "seconds", "tokens_per_s", "spe
 def kernels(info: dict) -> str:
     """Which kernels ran the models: llama.cpp's exact (batch-invariant) ones or its defaults, or torch's dtype."""
     if info.get("engine") == "llamacpp":
-        variant = f" ({info['kernels']})" if info.get("kernels") else ""  # the CPU variant: its rows are its own
+        variant = f" ({info['cpu_variant']})" if info.get("cpu_variant") else ""  # the CPU variant: its rows are its own
         return ("llama.cpp exact" if info.get("exact") else "llama.cpp default") + variant
     return f"torch {info.get('dtype', '?')}"
 

@@ -236,7 +236,7 @@ class ModelLoader:
         if self.error is not None:
             return f"✗ The **{self.spec}** models could not be loaded: {html.escape(str(self.error))}"
         d = self.pair.describe()
-        variant = f", {d['kernels']} CPU variant" if d.get("kernels") else ""
+        variant = f", {d['cpu_variant']} CPU variant" if d.get("cpu_variant") else ""
         engine = ("llama.cpp" + (" (exact kernels" if d.get("exact") else " (its default kernels") + variant + ")"
                   if d.get("engine") == "llamacpp" else "torch")
         return (f"● Models ready: target **{d['target']}**, assistant **{d['assistant']}** "

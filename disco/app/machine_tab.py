@@ -48,8 +48,8 @@ def markdown(profile: dict | None, calibration: dict | None, step: str | None, e
     parts = []
     if profile is not None:
         parts.append(f"**Machine:** {html.escape(profile['machine'])}, torch {profile['key']['torch']}")
-    if pair is not None and pair.get("kernels"):
-        parts.append(f"**llama.cpp's kernels:** its `{html.escape(pair['kernels'])}` CPU variant, the best of those "
+    if pair is not None and pair.get("cpu_variant"):
+        parts.append(f"**llama.cpp's kernels:** its `{html.escape(pair['cpu_variant'])}` CPU variant, the best of those "
                      "built that this CPU runs (AMX only when named; `DISCO_LLAMA_CPU_VARIANT` names another).")
     if calibration is not None:
         parts.append(f"**Numerics (chosen by timing the passes that matter):** {calibration['dtype']} with the "

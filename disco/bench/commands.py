@@ -297,7 +297,7 @@ def cmd_profile(args) -> int:
         if kernels:
             print("\n" + kernel_price.markdown(kernels))
         if variants:
-            print("\n" + kernel_price.variants_markdown(variants, kernels.get("kernels")))
+            print("\n" + kernel_price.variants_markdown(variants, kernels.get("cpu_variant")))
     return 0
 
 

@@ -167,7 +167,7 @@ def measure(model: Path, reps: int = 3, chunk=None, say=None, pair=None) -> dict
     data["weight_bytes"] = weight_bytes(model)
     data["floor_ms"] = data["weight_bytes"] / (data["bandwidth_gbs"]["all"] * 1e9) * 1000
     data.update(format=FORMAT, model=str(model), machine=" ".join(cpu_info()["flags"]), cpu=cpu_info()["cpu"],
-                threads=llama.threads(), llama_cpp=llama.version(), kernels=llama.kernels(),
+                threads=llama.threads(), llama_cpp=llama.version(), cpu_variant=llama.kernels(),
                 seconds=time.perf_counter() - start,
                 measured_at=time.strftime("%Y-%m-%d %H:%M:%S"))
     return data
@@ -262,7 +262,7 @@ def markdown(data: dict) -> str:
     if ours == ours:
         bound += (f" Our own target alone decodes {data['ours_tokens_per_s']:.1f} tokens/s: {ours:.2f}× llama-bench's "
                   "time per token with the same exact kernels.")
-    variant = f", the {data['kernels']} CPU variant of its kernels" if data.get("kernels") else ""
+    variant = f", the {data['cpu_variant']} CPU variant of its kernels" if data.get("cpu_variant") else ""
     return ("**What exact kernels cost here** (`llama-bench`, passes on a 40-token cache, "
             f"{data['threads']} threads{variant}; measured {data['measured_at']}):\n\n" + "\n".join(head + rows) +
             f"\n\n{floor} {bound}")

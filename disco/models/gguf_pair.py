@@ -102,7 +102,7 @@ class GGUFPair(Tokenized):
         return {"models": self.name, "target": self.target_id, "assistant": self.assistant_id,
                 "dtype": self.dtype_name, "device": self.device_name, "assistant_precision": self.assistant_precision,
                 "engine": self.engine, "exact": self.exact, "llama_cpp": llama.version(), "threads": llama.threads(),
-                "fast_prefill": self.target_model.fast_prefill, "kernels": llama.kernels()}
+                "fast_prefill": self.target_model.fast_prefill, "cpu_variant": llama.kernels()}
 
     def logit_tolerance(self, magnitude: float) -> float:
         """How far this engine's logit for one position can move between batch sizes: 0 in exact mode (rows are

@@ -24,5 +24,5 @@ def machine_key(models: str, device, engine: str = "torch") -> dict:
         if llama.exact_mode() and llama.fast_prefill_mode():
             key["fast_prefill"] = True
         if llama.kernels():  # a build with one CPU backend per instruction set: which one runs here
-            key["kernels"] = llama.kernels()
+            key["cpu_variant"] = llama.kernels()
     return key

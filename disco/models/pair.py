@@ -247,7 +247,7 @@ def pair_key(pair, *extra) -> str:
     engine = [] if info.get("engine", "torch") == "torch" else [info["engine"], info.get("exact")]
     engine += ["fast-prefill"] if info.get("fast_prefill") else []  # a cache of its own (keys without it unchanged)
     # the CPU variant of llama.cpp's kernels: each computes its own rows (a build without variants keeps its keys)
-    engine += [f"kernels={info['kernels']}"] if info.get("kernels") else []
+    engine += [f"kernels={info['cpu_variant']}"] if info.get("cpu_variant") else []
     blob = json.dumps([info.get("models"), info.get("target"), info.get("assistant"), info.get("dtype"),
                        info.get("device"), info.get("assistant_precision", "model"), *engine, *extra],
                       separators=(",", ":"))

@@ -77,8 +77,8 @@ def test_a_variant_keys_tables_apart_and_a_linked_build_keeps_its_keys():
         def describe(self):
             return self.info
 
-    assert pair_key(Pair()) == pair_key(Pair(kernels=None))  # the keys of builds without variants are unchanged
-    assert len({pair_key(Pair()), pair_key(Pair(kernels="zen4")), pair_key(Pair(kernels="haswell"))}) == 3
+    assert pair_key(Pair()) == pair_key(Pair(cpu_variant=None))  # the keys of builds without variants are unchanged
+    assert len({pair_key(Pair()), pair_key(Pair(cpu_variant="zen4")), pair_key(Pair(cpu_variant="haswell"))}) == 3
 
 
 # ---- the real build (where it has variants) ----
@@ -92,7 +92,7 @@ def test_this_process_runs_the_best_default_variant_and_says_so():
     assert {"x64", "haswell"} <= {v.name for v in runnable}  # every x86-64 CPU here runs these
     expected = os.environ.get("DISCO_LLAMA_CPU_VARIANT") or choose(built(libdir)).name
     assert llama.kernels() == expected and expected not in cpu_variant.OPT_IN
-    assert machine_key("m", "cpu", "llamacpp")["kernels"] == expected
+    assert machine_key("m", "cpu", "llamacpp")["cpu_variant"] == expected
 
 
 @pytest.fixture(scope="module")

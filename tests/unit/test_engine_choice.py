@@ -86,4 +86,7 @@ def test_generate_json_names_the_engine_and_its_kernels(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert rows and all(r["engine"] == "llamacpp" and r["kernels"] == "llama.cpp exact" for r in rows)
+    from disco.models import llama
+
+    variant = f" ({llama.kernels()})" if llama.kernels() else ""  # a build with a CPU variant per instruction set
+    assert rows and all(r["engine"] == "llamacpp" and r["kernels"] == "llama.cpp exact" + variant for r in rows)
