@@ -45,4 +45,5 @@ def flags_line(key: dict | None = None) -> str:
         key = {**cpu_info(), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
                "threads": torch.get_num_threads()}
     isa = f"; ONEDNN_MAX_CPU_ISA={key['onednn_max_cpu_isa']}" if key.get("onednn_max_cpu_isa") else ""
-    return f"{key['cpu']} ({', '.join(key['flags']) or 'no listed flags'}{isa}; {key['threads']} threads)"
+    variant = f"; llama.cpp's {key['cpu_variant']} kernels" if key.get("cpu_variant") else ""
+    return f"{key['cpu']} ({', '.join(key['flags']) or 'no listed flags'}{isa}; {key['threads']} threads{variant})"

@@ -23,11 +23,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def require_variants():
-    """llama.cpp's module, or skip: the engine is not installed, or its build has one CPU backend linked in."""
+    """llama.cpp's module, or skip: the engine is not installed, or its build has one CPU backend linked in. An
+    engine that is installed but cannot start (e.g. no CPU variant could be loaded) fails the test."""
+    import importlib.util
+
     import pytest
 
     if llama.available() is not None:
-        pytest.skip(f"llama-cpp-python is not installed: {llama.available()}")
+        if importlib.util.find_spec("llama_cpp") is None:
+            pytest.skip(f"llama-cpp-python is not installed: {llama.available()}")
+        pytest.fail(f"llama-cpp-python is installed but does not start: {llama.available()}")
     if llama.kernels() is None:
         pytest.skip("this llama.cpp build has one CPU backend linked in (no variants)")
     return llama

@@ -7,6 +7,7 @@ import html
 import math
 
 from disco.bench.kernel_price import markdown as kernel_markdown
+from disco.models import cpu_variant
 from disco.policies.export import take_away_md
 from disco.text import times as _x
 
@@ -49,8 +50,9 @@ def markdown(profile: dict | None, calibration: dict | None, step: str | None, e
     if profile is not None:
         parts.append(f"**Machine:** {html.escape(profile['machine'])}, torch {profile['key']['torch']}")
     if pair is not None and pair.get("cpu_variant"):
-        parts.append(f"**llama.cpp's kernels:** its `{html.escape(pair['cpu_variant'])}` CPU variant, the best of those "
-                     "built that this CPU runs (AMX only when named; `DISCO_LLAMA_CPU_VARIANT` names another).")
+        how = ("named by `DISCO_LLAMA_CPU_VARIANT`" if cpu_variant.wanted() else
+               "the best of those built that this CPU runs (AMX only when named; `DISCO_LLAMA_CPU_VARIANT` names another)")
+        parts.append(f"**llama.cpp's kernels:** its `{html.escape(pair['cpu_variant'])}` CPU variant, {how}.")
     if calibration is not None:
         parts.append(f"**Numerics (chosen by timing the passes that matter):** {calibration['dtype']} with the "
                      f"{calibration['assistant_precision']} assistant by default: {html.escape(calibration['reason'])}.")

@@ -18,7 +18,7 @@ from disco.costs.profile import DEFAULT_PROMPTS, DEFAULT_TOKENS
 from disco.errors import BenchError, InputError
 from disco import suites
 from disco.machine import flags_line
-from disco.models import load_resolved
+from disco.models import llama, load_resolved
 from disco.policies import KMAXES, STATIC_KS, TAUS, parse_strategy
 from disco.policies.export import ENGINES
 from disco.policies.grids import default_grid, unique
@@ -285,6 +285,10 @@ def cmd_profile(args) -> int:
         from disco.bench import kernel_price
 
         kernels = kernel_price.get(pair.target_path, refresh=args.refresh, say=_log, pair=pair)
+    if not args.json:  # printed before the variants are priced (minutes), so nothing measured waits on them
+        print_profile(prof)
+        if kernels:
+            print("\n" + kernel_price.markdown(kernels), flush=True)
     variants = kernel_price.measure_variants(pair.target_path, args.reps, say=_log) if args.variants else {}
     if args.variants and not variants:
         _log("--variants: this llama.cpp build has one CPU backend linked in, no variants to price")
@@ -292,12 +296,8 @@ def cmd_profile(args) -> int:
         data = prof.to_dict() | ({"kernels": kernels, "kernels_summary": kernel_price.summary(kernels)} if kernels else {})
         data |= {"kernel_variants": variants} if variants else {}
         print(json.dumps(options.json_safe(data), ensure_ascii=False))
-    else:
-        print_profile(prof)
-        if kernels:
-            print("\n" + kernel_price.markdown(kernels))
-        if variants:
-            print("\n" + kernel_price.variants_markdown(variants, kernels.get("cpu_variant")))
+    elif variants:
+        print("\n" + kernel_price.variants_markdown(variants, llama.kernels()))
     return 0
 
 

@@ -177,8 +177,14 @@ def measure_variants(model: Path, reps: int = 3, say=None) -> dict[str, dict]:
     """Every CPU variant built here that this CPU runs, priced as ``measure_kernels`` prices this process's own
     (``profile --kernels --variants``; about 40 s a variant, not cached). Empty for a build without variants."""
     say = say or (lambda _m: None)
-    return {v.name: measure_kernels(model, reps, say=lambda m, name=v.name: say(f"{name}: {m}"), variant=v.path)
-            for v in llama.runnable_variants()}
+    out: dict[str, dict] = {}
+    for v in llama.runnable_variants():
+        try:
+            out[v.name] = measure_kernels(model, reps, say=lambda m, name=v.name: say(f"{name}: {m}"), variant=v.path)
+        except KernelPriceUnavailable as exc:  # one variant failing (e.g. a crash in llama-bench) spoils no other
+            log.warning("llama.cpp CPU variant %s could not be priced: %s", v.name, exc)
+            out[v.name] = {"error": str(exc)}
+    return out
 
 
 def variants_markdown(by_variant: dict[str, dict], running: str | None) -> str:
@@ -187,6 +193,9 @@ def variants_markdown(by_variant: dict[str, dict], running: str | None) -> str:
             "prefill, ms a prompt token (exact / defaults) | plain decoding, tokens/s (exact / defaults) |",
             "|---|---|---|---|---|---|---|"]
     for name, d in by_variant.items():
+        if "error" in d:
+            rows.append(f"| {name} | not priced: {d['error']} | | | | | |")
+            continue
         p, pf, dec = d["passes_ms"], d["prefill_ms_per_token"], d["decode_tokens_per_s"]
         cells = [f"{p[k][1]:.0f} | {p[k][4]:.0f} ({p[k][4] / p[k][1]:.2f}×)" for k in ("exact", "default")]
         rows.append(f"| {name}{' ◀' if name == running else ''} | {' | '.join(cells)} | {pf['exact']:.1f} / "
@@ -213,7 +222,8 @@ def summary(data: dict) -> dict:
 def _path(model: Path, root=None) -> Path:
     stat = Path(model).stat()
     key = json.dumps([str(Path(model).resolve()), stat.st_size, int(stat.st_mtime), cpu_info()["flags"],
-                      llama.threads(), llama.version(), llama.exact_mode(), llama.kernels()])
+                      llama.threads(), llama.version(), llama.exact_mode(),
+                      *([llama.kernels()] if llama.kernels() else [])])  # builds without variants keep their key
     folder = Path(root) if root is not None else cache.machine_dir()
     return folder / f"kernels-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 

@@ -15,8 +15,10 @@ AMX machine has been available to find why, so ``sapphirerapids`` is built but c
 Rows differ between variants (other SIMD widths sum in another order), so a table or a cost profile is filed
 under the variant that computed it; within one variant exact mode keeps every verified row equal to the
 one-token row (tests/unit/test_cpu_variants.py checks each variant this CPU runs).
-A build without variant modules (one CPU backend linked in, e.g. ``CMAKE_ARGS=-DGGML_NATIVE=ON`` builds or other
-platforms) needs nothing loaded: ``choose`` returns None and keys stay as they were.
+A build without variant modules (one CPU backend linked in: other platforms, or ``CMAKE_ARGS="-DGGML_BACKEND_DL=OFF
+-DGGML_CPU_ALL_VARIANTS=OFF -DGGML_NATIVE=ON"``) needs nothing loaded: ``choose`` returns None and keys stay as they
+were. A build with loadable backends but none named ``libggml-cpu-NAME.so`` (e.g. ``GGML_BACKEND_DL`` alone) gets
+ggml's own ``ggml_backend_load_all_from_path``.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ def load(libdir: str | os.PathLike) -> Variant | None:
         return _LOADED
     chosen = choose(built(libdir), wanted())
     if chosen is None:
+        _ensure_a_backend(libdir)
         return None
     ggml = _ggml_of_libllama()
     ggml.ggml_backend_load.restype, ggml.ggml_backend_load.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
@@ -138,6 +141,21 @@ def load(libdir: str | os.PathLike) -> Variant | None:
     log.info("llama.cpp CPU kernels: %s (score %d)", chosen.name, chosen.score)
     _LOADED = chosen
     return chosen
+
+
+def _ensure_a_backend(libdir) -> None:
+    """A build without variant modules: its CPU backend is linked in (ggml's registry already holds it), or it is one
+    loadable module ggml finds itself; raises VariantError when llama.cpp would have no backend at all."""
+    try:
+        ggml = _ggml_of_libllama()
+    except VariantError:  # another platform's naming (e.g. macOS): its build links the backend in
+        return
+    ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
+    if ggml.ggml_backend_reg_count() == 0:
+        ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+        ggml.ggml_backend_load_all_from_path(str(libdir).encode())
+        if ggml.ggml_backend_reg_count() == 0:
+            raise VariantError(f"llama.cpp found no CPU backend in {libdir}: rebuild it with scripts/llama-build.sh")
 
 
 def loaded() -> Variant | None:

@@ -117,13 +117,14 @@ def kernels() -> str | None:
 
 
 def runnable_variants() -> list:
-    """The CPU variants built here that this CPU runs, best first (``cpu_variant.Variant``); empty for a build with
-    one CPU backend linked in."""
+    """The CPU variants built here that this CPU runs, best first (``cpu_variant.Variant``), the opt-in ones (AMX)
+    only when this process runs one; empty for a build with one CPU backend linked in."""
     if kernels() is None:
         return []
     from pathlib import Path
 
-    return [v for v in cpu_variant.built(Path(cpu_variant.loaded().path).parent) if v.runs_here]
+    return [v for v in cpu_variant.built(Path(cpu_variant.loaded().path).parent)
+            if v.runs_here and (v.name not in cpu_variant.OPT_IN or v.name == kernels())]
 
 
 def child_env(env: dict) -> dict:

@@ -87,6 +87,27 @@ def test_each_runnable_cpu_variant_is_priced_with_its_own_module(fake_bench, mon
     assert kernel_price.measure_variants(target, reps=1) == {}
 
 
+def test_a_variant_that_fails_is_a_row_of_its_own(fake_bench, monkeypatch, tmp_path):
+    from disco.models import llama
+    from disco.models.cpu_variant import Variant
+
+    target, _ = tiny_gguf.write_pair(tmp_path)
+    found = [Variant("broken", "/lib/libggml-cpu-broken.so", 900), Variant("haswell", "/lib/libggml-cpu-haswell.so", 50)]
+    monkeypatch.setattr(llama, "runnable_variants", lambda: found)
+    real_run = kernel_price._run
+
+    def run(cmd, env, timeout):
+        if env.get("GGML_BACKEND_PATH", "").endswith("broken.so"):
+            return SimpleNamespace(returncode=-11, stdout="", stderr="Segmentation fault")
+        return real_run(cmd, env, timeout)
+
+    monkeypatch.setattr(kernel_price, "_run", run)
+    data = kernel_price.measure_variants(target, reps=1)
+    assert "Segmentation fault" in data["broken"]["error"] and data["haswell"]["passes_ms"]["exact"][1] == 40.0
+    text = kernel_price.variants_markdown(data, "haswell")
+    assert "| broken | not priced: llama-bench failed (-11): Segmentation fault |" in text and "| haswell ◀ |" in text
+
+
 def test_missing_llama_bench_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setattr(kernel_price, "binary", lambda name: None)
     with pytest.raises(kernel_price.KernelPriceUnavailable, match="llama-bench is not built here"):

@@ -15,6 +15,8 @@ pytestmark = pytest.mark.integration
 def target_gguf():
     from disco.models import embedded
 
+    variant_rows.require_variants()  # before joining the GGUF files, which takes a while the first time
+
     return embedded.prepare_gguf(progress=False, log=lambda message: None)["target"]
 
 
