@@ -52,7 +52,7 @@ KERNELS = {  # llama-bench flags and environment of each kernel set
     "default": (["--repack", "1", "-fa", "auto"], {}),
 }
 BANDWIDTH_MIB = 512
-FORMAT = 2
+FORMAT = 3  # 3: records name the CPU variant that ran (cpu_variant)
 
 
 class KernelPriceUnavailable(UserError, RuntimeError):
