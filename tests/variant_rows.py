@@ -42,7 +42,7 @@ def runnable() -> list[str]:
     """The variants built here that this CPU runs (a placeholder that skips where there are none)."""
     if llama.available() is not None or llama.kernels() is None:
         return ["(none)"]
-    return [v.name for v in cpu_variant.built(Path(cpu_variant.loaded().path).parent) if v.runs_here]
+    return [v.name for v in cpu_variant.runnable(with_opt_in=True)]
 
 
 def run_on(variant: str, model: Path, ks=(2, 4, 8, 16)) -> dict:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import functools
 import hashlib
 import io
 import json
@@ -88,20 +87,19 @@ def measure_kernels(model: Path, reps: int = 3, chunk=None, say=None, variant: s
     around each llama-bench call (the app's turn lock); ``say`` gets progress lines; ``variant``: the path of a CPU
     variant module to price instead of the one this process runs."""
     chunk = chunk or contextlib.nullcontext
-    _bench = functools.partial(globals()["_bench"], variant=variant)
     out: dict = {"passes_ms": {}, "prefill_ms_per_token": {}, "decode_tokens_per_s": {}}
     for name, (flags, env) in KERNELS.items():
         (say or (lambda _m: None))(f"llama.cpp {name} kernels: passes over {', '.join(map(str, SIZES))} tokens ...")
         out["passes_ms"][name] = {}
         for n in SIZES:  # one call a size: the app's turn lock is held for a few seconds at most
             with chunk():
-                rows = _bench(model, ["-p", str(n), "-n", "0", "-d", str(DEPTH), "-r", str(reps), *flags], env)
+                rows = _bench(model, ["-p", str(n), "-n", "0", "-d", str(DEPTH), "-r", str(reps), *flags], env, variant=variant)
             out["passes_ms"][name][n] = _ms(rows[0])
         with chunk():
-            rows = _bench(model, ["-p", "0", "-n", str(GEN), "-d", str(DEPTH), "-r", str(reps), *flags], env)
+            rows = _bench(model, ["-p", "0", "-n", str(GEN), "-d", str(DEPTH), "-r", str(reps), *flags], env, variant=variant)
         out["decode_tokens_per_s"][name] = float(rows[0]["avg_ts"])
         with chunk():
-            rows = _bench(model, ["-p", str(PREFILL), "-n", "0", "-r", str(reps), *flags], env)
+            rows = _bench(model, ["-p", str(PREFILL), "-n", "0", "-r", str(reps), *flags], env, variant=variant)
         out["prefill_ms_per_token"][name] = _ms(rows[0]) / PREFILL
         out["model_size"] = int(rows[0].get("model_size") or 0)
     return out

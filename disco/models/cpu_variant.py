@@ -158,6 +158,15 @@ def _ensure_a_backend(libdir) -> None:
             raise VariantError(f"llama.cpp found no CPU backend in {libdir}: rebuild it with scripts/llama-build.sh")
 
 
+def runnable(with_opt_in: bool = False) -> list[Variant]:
+    """The variants built beside the loaded one that this CPU runs, best first; the opt-in ones (AMX) only with
+    ``with_opt_in`` or when it is the one loaded. Empty where no variant was loaded (a linked build)."""
+    if _LOADED is None:
+        return []
+    return [v for v in built(Path(_LOADED.path).parent)
+            if v.runs_here and (with_opt_in or v.name not in OPT_IN or v.name == _LOADED.name)]
+
+
 def loaded() -> Variant | None:
     return _LOADED
 

@@ -119,12 +119,8 @@ def kernels() -> str | None:
 def runnable_variants() -> list:
     """The CPU variants built here that this CPU runs, best first (``cpu_variant.Variant``), the opt-in ones (AMX)
     only when this process runs one; empty for a build with one CPU backend linked in."""
-    if kernels() is None:
-        return []
-    from pathlib import Path
-
-    return [v for v in cpu_variant.built(Path(cpu_variant.loaded().path).parent)
-            if v.runs_here and (v.name not in cpu_variant.OPT_IN or v.name == kernels())]
+    kernels()  # loads the library, and with it the variant
+    return cpu_variant.runnable()
 
 
 def child_env(env: dict) -> dict:
