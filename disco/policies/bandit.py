@@ -35,6 +35,7 @@ class Bandit(Policy):
     params = (KMAX(DEFAULT_MAX_LOOKAHEAD, (20,)),)
     color = "#aa4499"  # purple (Tol)
     canonical = "bandit:20"
+    batch_shared = True  # one state per server batch, as the engine keeps it
     cite = "BanditSpec (arXiv 2505.15141), TapOut (arXiv 2511.02017); UCB1 (Auer et al. 2002)"
     needs_costs = True
 

@@ -143,6 +143,8 @@ class Policy:
     reads_costs: ClassVar[bool] = False          # uses the cost profile when the run has one (and runs without)
     in_default_grid: ClassVar[bool] = True
     composite: ClassVar[bool] = False            # its spec holds other kinds' specs (``compose`` parses it)
+    batch_shared: ClassVar[bool] = False         # in a batch, engines keep one state for every sequence (SGLang's
+                                                 # adaptive depth, a bandit over K): the batched replay shares one
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -34,6 +34,7 @@ class SGLangAdaptive(Policy):
     params = (Param("init", "INIT", int, 1, 7, 3, "the starting depth (SGLang's --speculative-num-steps)", "", (3,)),)
     color = "#ddcc77"  # sand (Tol)
     canonical = "sglang:3"
+    batch_shared = True  # one state per server batch, as the engine keeps it
     cite = "SGLang --speculative-adaptive (srt/speculative/adaptive_spec_params.py, batch size 1)"
 
     def reset(self) -> None:

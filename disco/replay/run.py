@@ -44,7 +44,7 @@ class ReplayRun(CoreView):
     of the drafts equal to it, then its own token), and pass costs from ``costs`` (none: times are nan)."""
 
     def __init__(self, table: ReplayTable, policy: Policy, max_new_tokens: int | None = None,
-                 costs: CostModel | None = None):
+                 costs: CostModel | None = None, bind: bool = True):
         m = table.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
         if m < 1:
             raise InputError(f"max_new_tokens must be positive, got {m}")
@@ -56,7 +56,8 @@ class ReplayRun(CoreView):
         self.assistant_precision = str(table.meta.get("assistant_precision", "model"))
         self._now = 0.0  # modelled ms: advanced by each pass's cost
         self.core = IterationCore(policy, table.prompt_ids, m, table.eos, self)
-        policy.bind(RunContext(costs=costs, reference=list(self.reference)))
+        if bind:  # False: a policy whose state a batch shares, already bound by the batch's first sequence
+            policy.bind(RunContext(costs=costs, reference=list(self.reference)))
 
     # -- the core's backend ---------------------------------------------------------------------
 

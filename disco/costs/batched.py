@@ -1,0 +1,135 @@
+"""Batched pass costs: what one forward pass over B sequences costs, as a function of each row's query tokens and
+context. The batched replay (``disco.replay.batched``) prices every iteration of a continuous batch with one of these;
+nothing above ``disco.costs`` knows which source it is.
+
+A source implements ``BatchCosts``: ``target_ms(rows, contexts)`` and ``assistant_ms(rows, contexts)``, where
+``rows[i]`` is the number of query tokens row ``i`` feeds in this pass (its padded length when a layout pads) and
+``contexts[i]`` the tokens already in its cache. Sources:
+
+``flat:C``        every pass costs one target step, whatever the batch (the GPU idealisation ``flat`` always meant;
+                  batching is free under it, so it answers "how does the schedule change" but not "when does
+                  speculation stop paying").
+batch-1 curve     a measured or CSV profile without batch columns: a pass over B rows of k tokens costs what the
+                  curve says for B x k tokens (one ubatch of every row's tokens, as llama.cpp's unified KV cache runs
+                  it); the context is ignored, as the curve was measured at one context.
+batched grid      a profile CSV with ``batch`` (and optionally ``context``, ``layout``) columns, from
+                  ``python -m disco profile --batch``: interpolated in batch, tokens per row and context.
+``roofline:DEV``  ``disco.costs.roofline``: a per-operation model of a named device.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from disco.costs.model import CostModel, CostProfileError
+
+MAX_BATCH = 1024
+
+
+class BatchCosts(Protocol):
+    """One source of batched pass costs (ms). ``label`` says where the figures come from (shown on every output)."""
+
+    label: str
+
+    def target_ms(self, rows: Sequence[int], contexts: Sequence[int]) -> float: ...
+
+    def assistant_ms(self, rows: Sequence[int], contexts: Sequence[int]) -> float: ...
+
+
+def check_batch(value) -> int:
+    """A batch size: a whole number in 1..MAX_BATCH (one line otherwise)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise CostProfileError(f"batch size {value!r} is not a whole number") from None
+    if not math.isfinite(number) or number != int(number):
+        raise CostProfileError(f"batch size {value!r} is not a whole number")
+    if not 1 <= number <= MAX_BATCH:
+        raise CostProfileError(f"batch size {int(number)} is out of range: 1 to {MAX_BATCH}")
+    return int(number)
+
+
+@dataclass
+class FlatBatch:
+    """``flat:C`` at any batch: a target pass costs ``step_ms``, an assistant pass ``c * step_ms``."""
+
+    c: float
+    step_ms: float = 100.0
+    label: str = ""
+
+    def __post_init__(self):
+        self.label = self.label or f"flat:{self.c:g} (any batch costs one step)"
+
+    def target_ms(self, rows, contexts) -> float:
+        return self.step_ms if rows else 0.0
+
+    def assistant_ms(self, rows, contexts) -> float:
+        return self.c * self.step_ms if rows else 0.0
+
+
+@dataclass
+class TokenCurve:
+    """A batch-1 cost curve read as a function of the pass's total tokens: B rows of k tokens cost what one pass of
+    ``sum(rows)`` tokens costs (llama.cpp's unified KV cache runs them as one ubatch)."""
+
+    model: CostModel
+    label: str = ""
+
+    def __post_init__(self):
+        self.label = self.label or f"{self.model.meta.get('profile', 'measured')} (batch-1 curve, B x k tokens)"
+
+    def target_ms(self, rows, contexts) -> float:
+        n = int(sum(rows))
+        return self.model.target_ms(n) if n else 0.0
+
+    def assistant_ms(self, rows, contexts) -> float:
+        n = int(sum(rows))
+        return self.model.assistant_ms(n) if n else 0.0
+
+
+def _interp(points: Sequence[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear through sorted (x, y) points, extended along the end segments beyond both ends (never < 0)."""
+    if len(points) == 1:
+        return points[0][1]
+    i = min(max(bisect.bisect_left([p[0] for p in points], x), 1), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return max(0.0, y0 + (x - x0) / (x1 - x0) * (y1 - y0))
+
+
+@dataclass
+class BatchGrid:
+    """Measured batched passes, interpolated: ``cells[role][(batch, tokens, context)] = ms``.
+
+    A pass with ragged rows is priced at its total tokens spread over its rows: the grid point (B, mean tokens per
+    row) at the mean context, interpolated linearly in B, then in tokens per row, then in context."""
+
+    cells: dict[str, dict[tuple[int, int, int], float]] = field(default_factory=dict)
+    label: str = "measured batched passes"
+
+    def _ms(self, role: str, rows, contexts) -> float:
+        if not rows:
+            return 0.0
+        table = self.cells.get(role) or {}
+        if not table:
+            raise CostProfileError(f"the batched profile has no {role} rows")
+        b = len(rows)
+        k = sum(rows) / b
+        ctx = sum(contexts) / len(contexts) if contexts else 0.0
+        by_ctx: dict[int, list[tuple[float, float]]] = {}
+        for context in sorted({c for (_, _, c) in table}):
+            by_batch = []
+            for batch in sorted({bb for (bb, _, c) in table if c == context}):
+                pts = sorted((float(t), ms) for (bb, t, c), ms in table.items() if bb == batch and c == context)
+                by_batch.append((float(batch), _interp(pts, k)))
+            by_ctx[context] = by_batch
+        pts = sorted((float(c), _interp(v, float(b))) for c, v in by_ctx.items())
+        return _interp(pts, ctx)
+
+    def target_ms(self, rows, contexts) -> float:
+        return self._ms("target", rows, contexts)
+
+    def assistant_ms(self, rows, contexts) -> float:
+        return self._ms("assistant", rows, contexts)

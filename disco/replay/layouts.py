@@ -1,0 +1,144 @@
+"""How a batch of sequences is laid out for one pass, and what its passes cost: the verification layouts of the
+batched replay (``disco.replay.batched``) and the batched drafting loop.
+
+Each row of a batch iteration says how many tokens it sends to the target (``target_tokens``: its catch-up token and
+its drafts; its whole prompt on its first iteration), the deepest draft its setting allows (``k_config``), the
+tokens its assistant is fed on its first draft step, how many draft steps it ran, and both caches' lengths.
+
+Verification layouts (a row in its first iteration, its prefill, is never padded: engines schedule prefills apart):
+
+``padded-k``     every decoding row padded to the configured ``K + 1`` query tokens: one query length for every row,
+                 as full CUDA graphs need (vLLM's, TensorRT-LLM's static draft length);
+``padded-max``   padded to the batch's longest draft this iteration (one query length, chosen per iteration);
+``graph``        ragged, with the batch's total tokens rounded up to the next captured graph size (vLLM's default
+                 capture sizes 1, 2, 4, 8, 16, ... 512; beyond 512 eager, no padding);
+``ragged``       every row its own length, no padding: the lower bound of any engine;
+``llama-split``  llama.cpp with one KV stream per sequence (``kv_unified`` off): a batch whose sequences bring
+                 different token counts is split into ubatches that take the same count from every sequence still
+                 holding tokens (our model of ``llama_batch_allocr::split_equal`` in src/llama-batch.cpp), one pass each.
+
+Drafting: every draft step is one assistant pass over **all** the batch's drafting rows (a row that stopped still
+occupies its slot, as batched engines run it), so an iteration drafts as deep as its deepest drafter; the first step
+is ragged (each row catches up on the 1-2 tokens it has not seen, a new row on its prompt).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Sequence
+
+from disco.costs.batched import BatchCosts
+from disco.errors import InputError
+
+LAYOUTS = ("padded-k", "padded-max", "graph", "ragged", "llama-split")
+CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 513, 16))  # vLLM's default capture list
+
+
+class LayoutError(InputError):
+    """An unknown verification layout."""
+
+
+def check_layout(name: str) -> str:
+    name = str(name).strip()
+    if name not in LAYOUTS:
+        raise LayoutError(f"unknown layout {name!r}: expected one of {', '.join(LAYOUTS)}")
+    return name
+
+
+@dataclass(frozen=True)
+class RowPass:
+    """One sequence's share of one batch iteration (from its own replayed iteration record)."""
+
+    target_tokens: int    # tokens it sends to the target (1 + drafts while decoding; prompt + drafts when new)
+    k_config: int         # the deepest draft its setting allows (its padded query length is k_config + 1)
+    draft_calls: int      # assistant passes it ran this iteration
+    first_fed: int        # tokens its first draft step fed the assistant (catch-up, or the prompt when new)
+    target_context: int   # tokens in its target cache before the pass
+    assistant_context: int
+    prefill: bool         # its first iteration: the prompt is in this pass
+
+
+def verify_passes(layout: str, rows: Sequence[RowPass]) -> list[tuple[list[int], list[int]]]:
+    """The target passes (query tokens per row, contexts) one batch iteration's verification takes in ``layout``."""
+    new = [(r.target_tokens, r.target_context) for r in rows if r.prefill]
+    old = [r for r in rows if not r.prefill]
+    if layout == "llama-split":
+        return _equal_split([(r.target_tokens, r.target_context) for r in rows])
+    if layout == "padded-k":
+        lengths = [max(r.k_config + 1, r.target_tokens) for r in old]
+    elif layout == "padded-max":
+        longest = max((r.target_tokens for r in old), default=0)
+        lengths = [longest] * len(old)
+    else:
+        lengths = [r.target_tokens for r in old]
+    tokens = lengths + [n for n, _ in new]
+    contexts = [r.target_context for r in old] + [c for _, c in new]
+    if layout == "graph" and tokens:
+        total = sum(tokens)
+        i = bisect.bisect_left(CAPTURE_SIZES, total)
+        if i < len(CAPTURE_SIZES) and CAPTURE_SIZES[i] > total:  # pad tokens ride as one extra row with no context
+            tokens, contexts = tokens + [CAPTURE_SIZES[i] - total], contexts + [0]
+    return [(tokens, contexts)] if tokens else []
+
+
+def _equal_split(rows: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
+    """ubatches taking the same number of tokens from every sequence that still has some (llama.cpp, one KV stream
+    per sequence); each sequence's context grows by what the earlier ubatches fed."""
+    left = [n for n, _ in rows]
+    fed = [0] * len(rows)
+    passes = []
+    while any(left):
+        live = [i for i, n in enumerate(left) if n > 0]
+        take = min(left[i] for i in live)
+        passes.append(([take] * len(live), [rows[i][1] + fed[i] for i in live]))
+        for i in live:
+            left[i] -= take
+            fed[i] += take
+    return passes
+
+
+def draft_passes(rows: Sequence[RowPass]) -> list[tuple[list[int], list[int]]]:
+    """The assistant passes of one batch iteration: as many as its deepest drafter ran, each over every drafting row
+    (the first ragged with each row's catch-up, the others one token a row)."""
+    drafting = [r for r in rows if r.draft_calls > 0]
+    depth = max((r.draft_calls for r in drafting), default=0)
+    passes = []
+    for j in range(depth):
+        if j == 0:
+            passes.append(([r.first_fed for r in drafting], [r.assistant_context for r in drafting]))
+        else:
+            passes.append(([1] * len(drafting), [r.assistant_context + r.first_fed + j - 1 for r in drafting]))
+    return passes
+
+
+class Pricer:
+    """A batch iteration's cost under one cost source and layout, memoised on the passes' shapes (contexts rounded to
+    ``CONTEXT_STEP`` tokens, spread evenly over the rows) so a long replay prices each shape once."""
+
+    CONTEXT_STEP = 16
+
+    def __init__(self, costs: BatchCosts, layout: str):
+        self.costs = costs
+        self.layout = check_layout(layout)
+        self._memo: dict[tuple, float] = {}
+
+    def _pass(self, role: str, tokens: list[int], contexts: list[int]) -> float:
+        mean = sum(contexts) / len(contexts)
+        ctx = int(round(mean / self.CONTEXT_STEP)) * self.CONTEXT_STEP
+        key = (role, tuple(sorted(tokens)), ctx)
+        ms = self._memo.get(key)
+        if ms is None:
+            fn = self.costs.target_ms if role == "target" else self.costs.assistant_ms
+            ms = self._memo[key] = float(fn(list(key[1]), [ctx] * len(tokens)))
+        return ms
+
+    def draft_ms(self, rows: Sequence[RowPass]) -> float:
+        return sum(self._pass("assistant", t, c) for t, c in draft_passes(rows))
+
+    def verify_ms(self, rows: Sequence[RowPass]) -> float:
+        return sum(self._pass("target", t, c) for t, c in verify_passes(self.layout, rows))
+
+    def iteration_ms(self, rows: Sequence[RowPass]) -> tuple[float, float]:
+        """(drafting ms, verification ms) of one batch iteration."""
+        return self.draft_ms(rows), self.verify_ms(rows)
