@@ -91,6 +91,20 @@ def add_bench(sub) -> None:
                         "(rows ENGINE:autoregressive), so one run compares the two engines")
     p.add_argument("--threads", type=options.positive, default=None, help="torch intra-op threads")
     p.add_argument("--no-progress", action="store_true")
+    g = p.add_argument_group("batch sizes (the batched replay over the replay tables; disco.bench.batch)")
+    g.add_argument("--batch", type=options.number_list(int), default=None, metavar="B,...",
+                   help="replay the settings as B concurrent sequences under continuous batching (e.g. 1,2,4,8,16,32,64): "
+                        "writes batch.csv, batch_answer.csv, batch_schedules.json, batch.md")
+    g.add_argument("--layouts", default=None, metavar="NAME,...",
+                   help="verification layouts (default all: padded-k, padded-max, graph, ragged, llama-split)")
+    g.add_argument("--arrival-rates", default=None, metavar="RATE,...",
+                   help="Poisson arrivals at the largest B: requests/s, or a share of the saturated rate as 0.8x "
+                        "(default 0.5x,0.8x,0.95x)")
+    g.add_argument("--batch-settings", default=None, metavar="SPEC,...",
+                   help="settings raced in batches (default: the target alone, static K, thresholds at KMAX 20, sglang:3, "
+                        "batchstop:20)")
+    g.add_argument("--batch-requests", type=options.positive, default=0, help="requests per stream (default max(48, 6 B))")
+    g.add_argument("--batch-seeds", type=options.positive, default=3, help="seeded request streams per point")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild summary.csv/md, heatmaps, theory, validation from OUT/runs.csv and meta.json")
     p.set_defaults(func=cmd_bench)
@@ -149,6 +163,8 @@ def _env_prefix() -> str:
 def cmd_bench(args) -> int:
     argv = args.argv
     cfg = config_from_args(args, argv)
+    if args.batch:
+        return _cmd_batch(args, cfg)
     if args.report_only:
         from disco.bench.report import report_only
 
@@ -185,6 +201,29 @@ def cmd_bench(args) -> int:
         lines.append(f"ours / {peer} seconds: {meta['ours_over_hf_total']:.3f}; "
                      f"engine overhead {meta.get('overhead_pct_mean', math.nan):.2f}%")
     print("\n".join(lines))
+    return 0
+
+
+def _cmd_batch(args, cfg) -> int:
+    from disco.bench.batch import BATCHES, RATES, BatchStudy, default_settings
+    from disco.bench.batch_run import run_batch_bench
+    from disco.replay.layouts import LAYOUTS
+
+    def listed(text, default):
+        return tuple(x.strip() for x in text.split(",") if x.strip()) if text else tuple(default)
+
+    study = BatchStudy(batches=tuple(args.batch or BATCHES), layouts=listed(args.layouts, LAYOUTS),
+                       rates=listed(args.arrival_rates, RATES),
+                       settings=listed(args.batch_settings, default_settings(args.static_ks or STATIC_KS)),
+                       requests=args.batch_requests, seeds=args.batch_seeds)
+    result = run_batch_bench(cfg, study, run_bench)
+    ans = result["answer"]
+    print(f"wrote {cfg.out}/: " + ", ".join(sorted(p.name for p in result["files"].values())))
+    for layout in ans["layout"].unique()[:1]:
+        for _, a in ans[ans["layout"] == layout].iterrows():
+            print(f"{layout} B={a.batch}: best static {a.best_static} {a.best_static_speedup:.2f}x | best threshold "
+                  f"{a.best_threshold} {a.best_threshold_speedup:.2f}x | {REFERENCE_SETTING} {a.reference_speedup:.2f}x"
+                  f" | batch stop {a.batchstop_speedup:.2f}x (test split)")
     return 0
 
 

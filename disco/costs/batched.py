@@ -133,3 +133,68 @@ class BatchGrid:
 
     def assistant_ms(self, rows, contexts) -> float:
         return self._ms("assistant", rows, contexts)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading a batched profile and resolving a profile name to a batched cost source
+
+BATCH_COLUMNS = ("batch", "context", "layout")
+
+
+def _whole_cell(value, column: str, source: str, lo: int = 0) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number != int(number) or number < lo:
+        raise CostProfileError(f"{source}: column {column} must hold whole numbers >= {lo}, got {value!r}")
+    return int(number)
+
+
+def grid_from_rows(rows: list[dict], source: str, layout: str | None = None) -> BatchGrid | None:
+    """The batched grid of a profile's rows (step passes only), or None when the rows have no ``batch`` column (a
+    batch-1 profile). ``layout`` picks one measured layout where the rows hold several (default: the first)."""
+    if not rows or "batch" not in rows[0]:
+        return None
+    layouts = sorted({str(r.get("layout") or "") for r in rows})
+    chosen = layout if layout in layouts else layouts[0]
+    cells: dict[str, dict[tuple[int, int, int], float]] = {}
+    for r in rows:
+        if str(r.get("kind", "step")) != "step" or str(r.get("layout") or "") != chosen:
+            continue
+        batch = check_batch(_whole_cell(r["batch"], "batch", source, 1))
+        context = _whole_cell(r.get("context") or 0, "context", source)
+        tokens = _whole_cell(r["tokens"], "tokens", source, 1)
+        try:
+            ms = float(r["ms"])
+        except (TypeError, ValueError):
+            ms = math.nan
+        if not (math.isfinite(ms) and ms > 0):
+            raise CostProfileError(f"{source}: ms must be a positive number, got {r['ms']!r}")
+        cells.setdefault(str(r["role"]), {})[(batch, tokens, context)] = ms
+    if "target" not in cells or "assistant" not in cells:
+        raise CostProfileError(f"{source}: a batched profile needs target and assistant step rows")
+    label = f"measured batched passes ({source}{', layout ' + chosen if chosen else ''})"
+    return BatchGrid(cells, label)
+
+
+def resolve_batched(name: str, measured: CostModel | None = None, step_ms: float | None = None) -> BatchCosts:
+    """The batched cost source of a canonical profile name (``disco.costs.model.check_profile``): ``flat:C``, a CSV
+    (a batched grid when it has a ``batch`` column, else its batch-1 curve), ``roofline:DEVICE[:FORMAT]``, or
+    ``measured`` (``measured``: this machine's batch-1 CostModel, read as a token curve)."""
+    from disco.costs import model as cost_model
+
+    if name.startswith("roofline:"):
+        from disco.costs.roofline import roofline_costs
+
+        return roofline_costs(name)
+    if name.startswith("flat:"):
+        return FlatBatch(float(name.split(":", 1)[1]), step_ms or cost_model.NOMINAL_STEP_MS)
+    if name == cost_model.MEASURED:
+        if measured is None:
+            raise CostProfileError("the measured cost profile needs this machine's costs (run `python -m disco "
+                                   "profile`, or give --cost-profile flat:C, roofline:DEVICE or a CSV)")
+        return TokenCurve(measured)
+    rows = cost_model.csv_rows(name)
+    grid = grid_from_rows(rows, name)
+    return grid if grid is not None else TokenCurve(cost_model.read_csv(name))

@@ -1,0 +1,130 @@
+"""The batch-size study's answer (``disco.bench.batch``'s rows -> per-B choices, schedules, markdown).
+
+"Near-optimal" is fixed before any run: a setting is near-optimal at a batch size when its test-split speed-up is at
+least ``NEAR`` (95 %) of the best static K's and of the best threshold's, each chosen on the train split. Settings to
+take away are written per layout as a schedule in each engine's own words:
+
+* vLLM: ``num_speculative_tokens_per_batch_size`` (PR #32374; its exact shape could not be read in our stored copy of
+  vLLM's source, so we write the mapping batch size -> K the PR describes and say so), and the long-standing
+  ``disable_by_batch_size`` (speculation off from that many running requests) where no speculation pays;
+* TensorRT-LLM: ``draft_len_schedule`` (batch-size threshold -> draft length; PRs #8194, #10860, #12262: same caveat);
+* SGLang: ``--speculative-adaptive`` takes no schedule (it adapts its own depth), so the schedule cannot be expressed;
+  its shared-state rule is raced as ``sglang:3`` instead;
+* a τ schedule (threshold by batch size) has no engine format yet (vLLM's confidence threshold, PR #35301, is open).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from disco.bench.batch import BASELINE, REFERENCE
+
+NEAR = 0.95
+ANSWER_COLUMNS = ["layout", "batch", "best_static", "best_static_speedup", "best_threshold", "best_threshold_speedup",
+                  "reference_speedup", "reference_share_of_static", "reference_share_of_threshold", "reference_near",
+                  "batchstop_speedup", "sglang_speedup", "best_dynamic", "best_dynamic_speedup", "speculation_pays"]
+
+
+def _best(frame: pd.DataFrame, kinds: tuple[str, ...]) -> str | None:
+    rows = frame[frame["kind"].isin(kinds)]
+    if rows.empty or rows["speedup"].isna().all():
+        return None
+    return str(rows.loc[rows["speedup"].idxmax(), "strategy"])
+
+
+def _test(frame: pd.DataFrame, spec: str | None) -> float:
+    if spec is None:
+        return math.nan
+    hit = frame.loc[frame["strategy"] == spec, "speedup"]
+    return float(hit.iloc[0]) if len(hit) else math.nan
+
+
+def answer(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (layout, B): choices on train, figures on test (closed loop)."""
+    closed = rows[rows["arrival"] == "closed"]
+    has_train = (closed["split"] == "train").any()
+    out = []
+    for (layout, batch), group in closed.groupby(["layout", "batch"], sort=True):
+        train = group[group["split"] == ("train" if has_train else group["split"].iloc[0])]
+        test = group[group["split"] == ("test" if (group["split"] == "test").any() else train["split"].iloc[0])]
+        static, threshold = _best(train, ("static",)), _best(train, ("threshold",))
+        dynamic = _best(train, tuple(k for k in train["kind"].unique() if k not in ("static", BASELINE)))
+        s, t, r = _test(test, static), _test(test, threshold), _test(test, REFERENCE)
+        drafting = _best(train, tuple(k for k in train["kind"].unique() if k != BASELINE))
+        out.append({"layout": layout, "batch": int(batch), "best_static": static, "best_static_speedup": s,
+                    "best_threshold": threshold, "best_threshold_speedup": t, "reference_speedup": r,
+                    "reference_share_of_static": r / s if s else math.nan,
+                    "reference_share_of_threshold": r / t if t else math.nan,
+                    "reference_near": bool(r >= NEAR * s and r >= NEAR * t) if s == s and t == t and r == r else False,
+                    "batchstop_speedup": _test(test, next((x for x in test["strategy"] if x.startswith("batchstop")),
+                                                          None)),
+                    "sglang_speedup": _test(test, next((x for x in test["strategy"] if x.startswith("sglang")), None)),
+                    "best_dynamic": dynamic, "best_dynamic_speedup": _test(test, dynamic),
+                    "speculation_pays": bool(_test(test, drafting) > 1.0)})
+    return pd.DataFrame(out, columns=ANSWER_COLUMNS)
+
+
+def no_speculation_from(ans: pd.DataFrame, layout: str) -> int | None:
+    """The smallest batch size from which (at every larger measured B too) no drafting setting beats the target."""
+    rows = ans[ans["layout"] == layout].sort_values("batch")
+    pays = list(zip(rows["batch"], rows["speculation_pays"]))
+    for i, (batch, _) in enumerate(pays):
+        if not any(p for _, p in pays[i:]):
+            return int(batch)
+    return None
+
+
+def schedules(ans: pd.DataFrame, layout: str) -> dict:
+    """The best static K and threshold per batch size as each engine's schedule (module docstring)."""
+    rows = ans[ans["layout"] == layout].sort_values("batch")
+    ks = {int(b): int(str(s).split(":")[1]) for b, s, p in zip(rows["batch"], rows["best_static"],
+                                                               rows["speculation_pays"]) if s and p}
+    off = no_speculation_from(ans, layout)
+    taus = {int(b): float(str(s).split(":")[1]) for b, s in zip(rows["batch"], rows["best_threshold"]) if s}
+    vllm: dict = {"num_speculative_tokens_per_batch_size": {str(b): k for b, k in ks.items()}}
+    if off is not None:
+        vllm["disable_by_batch_size"] = off
+    return {"vllm": vllm, "tensorrt_llm": {"draft_len_schedule": {str(b): k for b, k in ks.items()}},
+            "sglang": "not expressible: --speculative-adaptive adapts its own depth and takes no schedule",
+            "threshold_by_batch_size": {str(b): t for b, t in taus.items()}}
+
+
+def _f(x: float, pct: bool = False) -> str:
+    if x != x:
+        return "-"
+    return f"{100 * x:.0f} %" if pct else f"{x:.2f}x"
+
+
+def markdown(rows: pd.DataFrame, ans: pd.DataFrame, label: str, command: str) -> str:
+    lines = [f"# The seed's question per batch size", "", f"Costs: **{label}**.", "",
+             f"Command: `{command}`", "",
+             f"Settings chosen on the train prompts, speed-ups (throughput over the target alone's at the same B and "
+             f"layout, steady-state window) on the test prompts. Near-optimal (fixed before the run): at least "
+             f"{100 * NEAR:.0f} % of the best static K's and of the best threshold's test speed-up.", ""]
+    for layout in ans["layout"].unique():
+        part = ans[ans["layout"] == layout]
+        lines += [f"## Layout `{layout}`", "",
+                  "| B | best static K | speed-up | best threshold | speed-up | τ 0.4 / 20 | share of static | share of "
+                  "threshold | batch stop | SGLang shared | best dynamic |", "|" + "---|" * 11]
+        for _, a in part.iterrows():
+            lines.append(f"| {a.batch} | {a.best_static} | {_f(a.best_static_speedup)} | {a.best_threshold} | "
+                         f"{_f(a.best_threshold_speedup)} | {_f(a.reference_speedup)} | "
+                         f"{_f(a.reference_share_of_static, True)} | {_f(a.reference_share_of_threshold, True)} | "
+                         f"{_f(a.batchstop_speedup)} | {_f(a.sglang_speedup)} | {a.best_dynamic} "
+                         f"{_f(a.best_dynamic_speedup)} |")
+        off = no_speculation_from(ans, layout)
+        lines += ["", f"No speculation pays from B = {off}." if off else "Some speculation pays at every measured B.",
+                  "", "Schedules to take away:", "", "```json", json.dumps(schedules(ans, layout), indent=1), "```", ""]
+    open_loop = rows[(rows["arrival"] != "closed") & (rows["split"] == rows["split"].iloc[-1])]
+    if not open_loop.empty:
+        lines += ["## Poisson arrivals (largest B as the slot cap)", "",
+                  "| layout | rate | setting | tokens/s | speed-up | TPOT p50 / p99 ms | TTFT p50 ms | goodput req/s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        keep = open_loop[open_loop["strategy"].isin([BASELINE, REFERENCE]) | open_loop["kind"].eq("batchstop")]
+        for _, r in keep.iterrows():
+            lines.append(f"| {r.layout} | {r.arrival} | {r.strategy} | {r.tokens_per_s:.1f} | {_f(r.speedup)} | "
+                         f"{r.tpot_ms_p50:.1f} / {r.tpot_ms_p99:.1f} | {r.ttft_ms_p50:.1f} | {r.goodput_rps:.3f} |")
+    return "\n".join(lines) + "\n"

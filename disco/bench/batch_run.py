@@ -1,0 +1,78 @@
+"""``python -m disco bench --batch ...``: the batch-size study on a suite's replay tables, models loaded only when a
+table is missing (then the ordinary bench builds them first, under the same options).
+
+Writes ``batch.csv`` (one row per split, setting, B or rate, layout), ``batch_answer.csv`` (the answer per layout and
+B), ``batch_schedules.json`` and ``batch.md`` to the run's output folder."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from disco import cache
+from disco.bench.batch import BatchStudy, run_study
+from disco.bench.batch_answer import answer, markdown, schedules
+from disco.bench.cached import find_cached
+from disco.costs import model as cost_model
+from disco.costs.batched import resolve_batched
+from disco.errors import BenchError
+from disco.suites import pick, split_of, split_prompts
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _tables(cfg, prompts):
+    cache_dir = cfg.cache_dir or cache.tables_dir()
+    want = {"models": cfg.models, "engine": cfg.engine, "dtype": cfg.dtype,
+            "assistant_precision": cfg.assistant_precision}
+    return {p.id: find_cached(cache_dir, p, want, cfg.max_new_tokens, cfg.fitting) for p in prompts}
+
+
+def _measured(tables: dict, cfg):
+    """This machine's batch-1 cost model for the tables' engine (the measured profile), or None."""
+    from disco.costs import profile as profiles
+
+    meta = next(iter(tables.values())).meta
+    prof = profiles.latest_for(cfg.models, str(meta.get("engine", "torch")))
+    return prof.cost_model_near(meta.get("assistant_precision")) if prof is not None and prof.precisions else None
+
+
+def run_batch_bench(cfg, study: BatchStudy, run_bench) -> dict:
+    """The study on ``cfg``'s suite: tables found in the cache (or built by ``run_bench(cfg)``), then replayed in batches
+    under ``cfg.cost_profile``. Returns the files written and the answer."""
+    prompts = split_prompts(pick(cfg.selection).prompts, cfg.split)
+    tables = _tables(cfg, prompts)
+    if any(t is None for t in tables.values()):
+        _log(f"batch: {sum(t is None for t in tables.values())} of {len(tables)} prompts have no cached replay table; "
+             "running the bench first to build them")
+        run_bench(cfg)
+        tables = _tables(cfg, prompts)
+        if any(t is None for t in tables.values()):
+            missing = [i for i, t in tables.items() if t is None]
+            raise BenchError(f"no replay table for {', '.join(missing[:5])} after the bench (skipped prompts?); "
+                             "drop them with --prompts")
+    profile = cost_model.check_profile(cfg.cost_profile)
+    costs = resolve_batched(profile, measured=_measured(tables, cfg) if profile == cost_model.MEASURED else None)
+    splits = split_of(prompts)
+    by_split = {s: [tables[p.id] for p in prompts if splits[p.id] == s] for s in ("train", "test")}
+    if not by_split["train"] or not by_split["test"]:
+        by_split = {"all": list(tables.values())}
+        _log("batch: fewer than two prompts per split; choosing and reporting on the same prompts")
+    start = time.perf_counter()
+    rows = run_study(by_split, costs, profile, study, cfg.max_new_tokens, cfg.progress)
+    ans = answer(rows)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"batch": out / "batch.csv", "answer": out / "batch_answer.csv", "schedules": out / "batch_schedules.json",
+             "markdown": out / "batch.md"}
+    rows.to_csv(files["batch"], index=False)
+    ans.to_csv(files["answer"], index=False)
+    files["schedules"].write_text(json.dumps({layout: schedules(ans, layout) for layout in ans["layout"].unique()},
+                                             indent=1) + "\n")
+    files["markdown"].write_text(markdown(rows, ans, costs.label, cfg.command))
+    _log(f"batch: {len(rows)} points in {time.perf_counter() - start:.1f} s under {costs.label} (models not loaded)")
+    return {"files": files, "answer": ans, "rows": rows}
