@@ -231,6 +231,64 @@ def _cmd_batch(args, cfg) -> int:
 # profile
 
 
+def _profile_batch(args) -> int:
+    """``profile --batch``: batched pass costs (disco.bench.batch_profile), printed as a table and written to --csv."""
+    from disco.bench import batch_profile
+    from disco.costs.batched import check_batch
+
+    try:
+        batches = sorted({check_batch(b) for b in args.batch})
+    except ValueError as exc:
+        raise options.UsageError(f"--batch: {exc}") from None
+    contexts = sorted(set(args.contexts or batch_profile.CONTEXTS))
+    if any(not 1 <= c <= 8192 for c in contexts):
+        raise options.UsageError("--contexts: each must be between 1 and 8192 tokens")
+    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
+    rows, identity = batch_profile.measure(pair, batches, contexts, reps=args.reps)
+    if args.csv:
+        batch_profile.write_csv(rows, args.csv)
+    print(f"batched passes on {flags_line()} (llama.cpp {llama.kernels()}), median of {args.reps}; ms per pass")
+    print("| layout | role | context | B | " + " | ".join(f"k={k}" for k in batch_profile.KS) + " |")
+    print("|---|---|---|---|" + "---|" * len(batch_profile.KS))
+    for key in sorted({(r["layout"], r["role"], r["context"], r["batch"]) for r in rows if r["kind"] == "step"}):
+        cells = {r["tokens"]: r["ms"] for r in rows if r["kind"] == "step" and (r["layout"], r["role"], r["context"],
+                                                                                 r["batch"]) == key}
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(f"{cells.get(k, float('nan')):.1f}"
+                                                                         for k in batch_profile.KS) + " |")
+    for layout, (same, diff) in identity.items():
+        print(f"{layout}: batched rows {'bit-identical to' if same else f'differ from (max |d logit| {diff:.3g})'} "
+              "each sequence fed alone")
+    if args.live:
+        _live_check(args, pair, rows, identity)
+    return 0
+
+
+def _live_check(args, pair, rows, identity) -> None:
+    """``profile --batch --live``: the batched replay's prediction (priced by the rows just measured) beside live
+    batched decoding of suite prompts (disco.bench.batch_live)."""
+    import pandas as pd
+
+    from disco.bench import batch_live, machine_profile
+    from disco.bench.prompts import PromptEncoder
+    from disco.costs.batched import grid_from_rows
+
+    prompts = machine_profile.suite_prompts(tuple(x.strip() for x in args.prompts.split(",") if x.strip()))
+    if max(args.live) > len(prompts):
+        raise options.UsageError(f"--live {max(args.live)} needs that many --prompts (got {len(prompts)})")
+    encoder = PromptEncoder(pair, args.max_new_tokens, None)
+    ids = [encoder.ids(p) for p in prompts]
+    out = []
+    for layout in identity:
+        grid = grid_from_rows([dict(r, batch=str(r["batch"])) for r in rows], "profile --batch", layout=layout)
+        for b in args.live:
+            out += batch_live.check(pair, ids, grid, b, layout, max_new_tokens=args.max_new_tokens, reps=args.reps)
+    frame = pd.DataFrame(out)
+    print("\nlive batched decoding vs the batched replay's prediction (ms of passes; error = predicted / live - 1)")
+    print(frame.round(1).to_string(index=False))
+    if args.csv:
+        frame.to_csv(args.csv.with_name(args.csv.stem + "_live.csv"), index=False)
+
+
 def add_profile(sub) -> None:
     p = sub.add_parser("profile", help="measure and print this machine's cost profile and recommended lookahead")
     options.add_models(p)
@@ -248,6 +306,15 @@ def add_profile(sub) -> None:
     p.add_argument("--variants", action="store_true",
                    help="with --kernels: also price every CPU variant of llama.cpp's kernels built here that this CPU "
                         "runs (about 40 s each, not cached; DISCO_LLAMA_CPU_VARIANT picks the one the app runs)")
+    p.add_argument("--batch", type=options.number_list(int), default=None, metavar="B,...",
+                   help="llama.cpp engine: measure passes over B sequences x k tokens (k 1-16) on the target and the "
+                        "assistant in both multi-sequence layouts, and whether rows stay bit-identical to batch 1; "
+                        "--csv writes them with batch, context and layout columns (a --cost-profile for bench --batch)")
+    p.add_argument("--contexts", type=options.number_list(int), default=None, metavar="C,...",
+                   help="with --batch: cached tokens per sequence before each pass (default 64,256)")
+    p.add_argument("--live", type=options.number_list(int), default=None, metavar="B,...",
+                   help="with --batch: then decode B of --prompts in one llama.cpp batch (target alone, static:4, "
+                        "threshold:0.4:20; --reps times) and set the batched replay's prediction beside it")
     p.set_defaults(func=cmd_profile)
 
 
@@ -312,6 +379,10 @@ def cmd_profile(args) -> int:
     options.check_writable(args.csv)
     if args.variants and not args.kernels:
         raise options.UsageError("--variants goes with --kernels")
+    if (args.contexts or args.live) and not args.batch:
+        raise options.UsageError("--contexts and --live go with --batch")
+    if args.batch:
+        return _profile_batch(args)
     pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
     if args.kernels and getattr(pair, "engine", None) != "llamacpp":
         raise InputError("--kernels prices llama.cpp's kernels: use it with --engine llamacpp")

@@ -104,7 +104,9 @@ class BatchGrid:
     """Measured batched passes, interpolated: ``cells[role][(batch, tokens, context)] = ms``.
 
     A pass with ragged rows is priced at its total tokens spread over its rows: the grid point (B, mean tokens per
-    row) at the mean context, interpolated linearly in B, then in tokens per row, then in context."""
+    row) at the mean context, interpolated linearly in B, then in tokens per row, then in context. Context 0 holds
+    the measured prefills (``kind`` prefill in the CSV: a prompt a row on an empty cache) and prices only passes at
+    context 0; every other pass interpolates between the measured contexts above 0."""
 
     cells: dict[str, dict[tuple[int, int, int], float]] = field(default_factory=dict)
     label: str = "measured batched passes"
@@ -119,7 +121,10 @@ class BatchGrid:
         k = sum(rows) / b
         ctx = sum(contexts) / len(contexts) if contexts else 0.0
         by_ctx: dict[int, list[tuple[float, float]]] = {}
-        for context in sorted({c for (_, _, c) in table}):
+        measured = sorted({c for (_, _, c) in table})
+        if len(measured) > 1:  # context 0 holds prefills (a whole prompt a row): only a pass at context 0 reads them
+            measured = [0] if ctx == 0 and measured[0] == 0 else [c for c in measured if c > 0]
+        for context in measured:
             by_batch = []
             for batch in sorted({bb for (bb, _, c) in table if c == context}):
                 pts = sorted((float(t), ms) for (bb, t, c), ms in table.items() if bb == batch and c == context)
@@ -160,10 +165,10 @@ def grid_from_rows(rows: list[dict], source: str, layout: str | None = None) -> 
     chosen = layout if layout in layouts else layouts[0]
     cells: dict[str, dict[tuple[int, int, int], float]] = {}
     for r in rows:
-        if str(r.get("kind", "step")) != "step" or str(r.get("layout") or "") != chosen:
+        if str(r.get("layout") or "") != chosen:
             continue
         batch = check_batch(_whole_cell(r["batch"], "batch", source, 1))
-        context = _whole_cell(r.get("context") or 0, "context", source)
+        context = 0 if str(r.get("kind")) == "prefill" else _whole_cell(r.get("context") or 0, "context", source)
         tokens = _whole_cell(r["tokens"], "tokens", source, 1)
         try:
             ms = float(r["ms"])

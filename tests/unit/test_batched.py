@@ -91,14 +91,19 @@ def test_batch_size_checks(bad):
 
 
 def test_batch_grid_interpolates_batch_tokens_and_context():
-    grid = BatchGrid({"target": {(1, 1, 0): 10.0, (1, 4, 0): 16.0, (4, 1, 0): 20.0, (4, 4, 0): 40.0,
-                                 (1, 1, 1000): 20.0, (1, 4, 1000): 26.0, (4, 1, 1000): 30.0, (4, 4, 1000): 50.0},
-                      "assistant": {(1, 1, 0): 1.0}})
-    assert grid.target_ms([1], [0]) == pytest.approx(10.0)
-    assert grid.target_ms([4, 4, 4, 4], [0] * 4) == pytest.approx(40.0)
-    assert grid.target_ms([2, 2], [500, 500]) == pytest.approx((16.0 + 8.0 / 9 + 26.0 + 8.0 / 9) / 2)  # by hand
-    assert grid.target_ms([1, 1, 1, 1], [500] * 4) == pytest.approx(25.0)
+    grid = BatchGrid({"target": {(1, 1, 100): 10.0, (1, 4, 100): 16.0, (4, 1, 100): 20.0, (4, 4, 100): 40.0,
+                                 (1, 1, 1000): 20.0, (1, 4, 1000): 26.0, (4, 1, 1000): 30.0, (4, 4, 1000): 50.0,
+                                 (1, 64, 0): 300.0, (2, 64, 0): 500.0},
+                      "assistant": {(1, 1, 100): 1.0}})
+    assert grid.target_ms([1], [100]) == pytest.approx(10.0)
+    assert grid.target_ms([4, 4, 4, 4], [100] * 4) == pytest.approx(40.0)
+    # B = 2, k = 2 by hand: at context 100, 12 (B 1) and 26 2/3 (B 4) -> 16 8/9; at 1000, 26 8/9; halfway: 21 8/9
+    assert grid.target_ms([2, 2], [550, 550]) == pytest.approx(21.0 + 8.0 / 9)
+    assert grid.target_ms([1, 1, 1, 1], [550] * 4) == pytest.approx(25.0)
     assert grid.assistant_ms([1, 1], [0, 0]) == pytest.approx(1.0)
+    # prefills (context 0) price passes on an empty cache, and nothing else
+    assert grid.target_ms([64, 64], [0, 0]) == pytest.approx(500.0)
+    assert grid.target_ms([1], [50]) == pytest.approx(10.0 - 5.0 / 9)  # extrapolated from 100 and 1000, not from 0
 
 
 # -- batch 1 is today's replay ---------------------------------------------------------------------------------------

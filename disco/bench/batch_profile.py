@@ -1,0 +1,91 @@
+"""``python -m disco profile --batch 1,2,4,8 [--contexts 64,256]``: what a pass over B sequences costs on this machine.
+
+For each llama.cpp multi-sequence layout (``disco.models.llama_batch``: one KV stream per sequence, or one unified
+buffer), batch size B and context C: B sequences are prefilled with C distinct tokens each (timed as one batched
+prefill where it fits one ``llama_decode``: the ``prefill`` rows, context 0), then a pass of k tokens per sequence
+(k in ``KS``) is timed ``reps`` times (median kept) on the target and on the assistant, the caches cropped back to C
+after each. The rows are the cost CSV's (role, precision, kind, tokens = per row, ms) plus batch, context and layout,
+so ``--cost-profile FILE.csv`` reads them as a batched grid (``disco.costs.batched.grid_from_rows``) and a batch-1
+reader keeps its batch-1 rows. Each layout is also checked for batch invariance: whether a batched pass's rows are
+bit-identical to each sequence fed alone (``rows_match_batch_one``)."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from disco.errors import BenchError
+from disco.models.llama_batch import LAYOUTS, LlamaBatch, rows_match_batch_one
+
+KS = (1, 2, 4, 8, 16)
+CONTEXTS = (64, 256)
+BATCH_CSV_COLUMNS = ["role", "precision", "kind", "tokens", "ms", "batch", "context", "layout"]
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _tokens(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
+    return [int(x) for x in rng.integers(100, min(vocab, 30000), size=n)]
+
+
+def _measure_model(model, role: str, precision: str, layout: str, batch: int, context: int, ks, reps: int,
+                   rng) -> list[dict]:
+    rows = []
+    ctx = LlamaBatch(model, batch, layout, n_ctx_seq=context + max(ks) + 8)
+    try:
+        prompts = {s: _tokens(rng, context, model.n_vocab) for s in range(batch)}
+        if batch * context <= 2048:
+            _, ms = ctx.forward(prompts)
+            rows.append(dict(role=role, precision=precision, kind="prefill", tokens=context, ms=ms, batch=batch,
+                             context=0, layout=layout))
+        else:
+            for s in range(batch):
+                ctx.forward({s: prompts[s]})
+        for k in ks:
+            times = []
+            for _ in range(reps):
+                _, ms = ctx.forward({s: _tokens(rng, k, model.n_vocab) for s in range(batch)}, {s: k for s in range(batch)})
+                times.append(ms)
+                for s in range(batch):
+                    ctx.crop(s, context)
+            rows.append(dict(role=role, precision=precision, kind="step", tokens=k, ms=statistics.median(times),
+                             batch=batch, context=context, layout=layout))
+    finally:
+        ctx.close()
+    return rows
+
+
+def measure(pair, batches, contexts=CONTEXTS, ks=KS, layouts=LAYOUTS, reps: int = 3, seed: int = 0,
+            progress: bool = True) -> tuple[list[dict], dict]:
+    """Batched pass costs of a llama.cpp pair (rows above) and, per layout, (bit-identical?, largest logit difference)."""
+    if getattr(pair, "engine", None) != "llamacpp":
+        raise BenchError("profile --batch measures llama.cpp's multi-sequence passes: load the pair with --engine "
+                         "llamacpp (the torch engine's batched passes are not measured yet)")
+    rng = np.random.default_rng(seed)
+    rows: list[dict] = []
+    start = time.perf_counter()
+    for layout in layouts:
+        for batch in batches:
+            for context in contexts:
+                for role, model in (("target", pair.target_model), ("assistant", pair.assistant_model)):
+                    rows += _measure_model(model, role, pair.assistant_precision if role == "assistant" else "model",
+                                           layout, batch, context, ks, reps, rng)
+                if progress:
+                    _log(f"profile --batch: {layout} B={batch} context {context} done "
+                         f"({time.perf_counter() - start:.0f} s)")
+    identity = {}
+    prompts = [_tokens(rng, 24 + 9 * s, pair.target_model.n_vocab) for s in range(max(2, min(4, max(batches))))]
+    for layout in layouts:
+        identity[layout] = rows_match_batch_one(pair.target_model, layout, prompts, 4)
+    return rows, identity
+
+
+def write_csv(rows: list[dict], path) -> None:
+    import pandas as pd
+
+    pd.DataFrame(rows, columns=BATCH_CSV_COLUMNS).to_csv(path, index=False)

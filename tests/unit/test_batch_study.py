@@ -1,0 +1,146 @@
+"""The batch-size study (disco.bench.batch, disco.bench.batch_answer) and its command line: choices on train and
+figures on test, the answer on a hand frame, schedules in each engine's format, bad input as one line and exit 2, and
+the whole study on the tiny pair's cached tables without loading a model."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from disco.bench.batch import BatchStudy, default_settings, parse_rates, run_study
+from disco.bench.batch_answer import answer, markdown, no_speculation_from, schedules
+from disco.cli import main
+from disco.costs.batched import FlatBatch, TokenCurve, resolve_batched
+from disco.costs.model import CostModel, CostProfileError, check_profile, read_csv
+from disco.errors import BenchError
+from test_batched import CURVE, synthetic_table
+
+
+def _frame(rows):
+    base = {"layout": "ragged", "arrival": "closed"}
+    return pd.DataFrame([{**base, **r, "kind": r["strategy"].split(":")[0]} for r in rows])
+
+
+def test_answer_chooses_on_train_and_reports_on_test():
+    rows = []
+    for split, s2, s4, t3, t4 in (("train", 1.5, 1.4, 1.2, 1.45), ("test", 1.3, 1.6, 1.7, 1.5)):
+        rows += [{"split": split, "batch": 1, "strategy": "autoregressive", "speedup": 1.0},
+                 {"split": split, "batch": 1, "strategy": "static:2", "speedup": s2},
+                 {"split": split, "batch": 1, "strategy": "static:4", "speedup": s4},
+                 {"split": split, "batch": 1, "strategy": "threshold:0.3:20", "speedup": t3},
+                 {"split": split, "batch": 1, "strategy": "threshold:0.4:20", "speedup": t4}]
+    ans = answer(_frame(rows)).iloc[0]
+    assert ans.best_static == "static:2" and ans.best_static_speedup == pytest.approx(1.3)  # train's pick, test's figure
+    assert ans.best_threshold == "threshold:0.4:20" and ans.reference_speedup == pytest.approx(1.5)
+    assert ans.reference_share_of_static == pytest.approx(1.5 / 1.3)
+    assert ans.reference_near and ans.speculation_pays
+
+
+def test_no_speculation_from_and_schedules():
+    rows = []
+    for batch, (k2, k6) in {1: (1.4, 1.6), 4: (1.2, 1.1), 16: (0.9, 0.7), 64: (0.8, 0.6)}.items():
+        for split in ("train", "test"):
+            rows += [{"split": split, "batch": batch, "strategy": "autoregressive", "speedup": 1.0},
+                     {"split": split, "batch": batch, "strategy": "static:2", "speedup": k2},
+                     {"split": split, "batch": batch, "strategy": "static:6", "speedup": k6},
+                     {"split": split, "batch": batch, "strategy": "threshold:0.4:20", "speedup": k2 - 0.05}]
+    ans = answer(_frame(rows))
+    assert no_speculation_from(ans, "ragged") == 16
+    sched = schedules(ans, "ragged")
+    assert sched["vllm"]["num_speculative_tokens_per_batch_size"] == {"1": 6, "4": 2}
+    assert sched["vllm"]["disable_by_batch_size"] == 16
+    assert sched["tensorrt_llm"]["draft_len_schedule"] == {"1": 6, "4": 2}
+    assert "not expressible" in sched["sglang"]
+    json.dumps(sched)
+    text = markdown(_frame(rows).assign(tokens_per_s=1.0), ans, "flat:0.05", "python -m disco bench --batch 1")
+    assert "No speculation pays from B = 16" in text and "flat:0.05" in text
+
+
+def test_study_runs_every_point_and_batch_one_speedup_is_the_replay_ratio():
+    tables = [synthetic_table(s) for s in range(4)]
+    study = BatchStudy(batches=(1, 4), layouts=("ragged", "padded-k"), rates=("0.5x",),
+                       settings=("static:3", "threshold:0.4:20", "batchstop:8"), requests=12, seeds=2)
+    rows = run_study({"train": tables[:2], "test": tables[2:]}, TokenCurve(CURVE), "test.csv", study, 24,
+                     progress=False)
+    closed = rows[rows["arrival"] == "closed"]
+    assert len(closed) == 2 * 2 * 2 * 4  # splits x layouts x batches x (settings + the target alone)
+    assert (rows.loc[rows["strategy"] == "autoregressive", "speedup"] == 1.0).all()
+    assert set(rows["label"]) == {TokenCurve(CURVE).label}
+    assert {"strategy", "batch", "layout", "cost_profile", "tokens_per_s", "speedup", "tpot_ms_p50", "tpot_ms_p99",
+            "ttft_ms_p50"} <= set(rows.columns)
+    assert (rows[rows["arrival"] == "0.5x"]["batch"] == 4).all()
+
+
+def test_default_settings_hold_the_reference_and_the_batch_stop():
+    settings = default_settings()
+    assert "threshold:0.4:20" in settings and "batchstop:20" in settings and settings[0] == "autoregressive"
+
+
+@pytest.mark.parametrize("kwargs", [dict(batches=(0,)), dict(batches=(2000,)), dict(layouts=("diagonal",)),
+                                    dict(rates=("0",)), dict(rates=("-1x",)), dict(settings=("batchstop:x",))])
+def test_bad_study_input_is_one_line(kwargs):
+    with pytest.raises((BenchError, ValueError)) as err:
+        BatchStudy(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--batch", "0"], "out of range"), (["--batch", "2000"], "out of range"), (["--batch", "2", "--layouts", "x"],
+                                                                               "unknown layout"),
+    (["--batch", "2", "--arrival-rates", "0"], "must be > 0"), (["--batch", "2", "--arrival-rates", "fast"],
+                                                                "arrival rate"),
+])
+def test_bench_batch_bad_input_is_one_line_and_exit_2(capsys, args, needle):
+    assert main(["bench", "--models", "tiny", "--cost-profile", "flat:0.05", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_profile_csv_with_a_bad_batch_column_is_one_line(tmp_path):
+    path = tmp_path / "p.csv"
+    path.write_text("role,precision,kind,tokens,ms,batch,context,layout\ntarget,model,step,1,10,2.5,64,streams\n"
+                    "assistant,model,step,1,2,1,64,streams\n")
+    with pytest.raises(CostProfileError) as err:
+        check_profile(str(path))
+    assert "batch" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_batched_csv_reads_as_batch_one_or_as_a_grid(tmp_path):
+    path = tmp_path / "p.csv"
+    rows = ["role,precision,kind,tokens,ms,batch,context,layout"]
+    for b in (1, 4):
+        for k in (1, 4):
+            rows += [f"target,model,step,{k},{10 * b + k},{b},64,streams", f"assistant,model,step,{k},{b + k},{b},64,"
+                     "streams"]
+    path.write_text("\n".join(rows) + "\n")
+    one = read_csv(path)
+    assert one.target_ms(1) == pytest.approx(11.0) and one.target_ms(4) == pytest.approx(14.0)
+    grid = resolve_batched(check_profile(str(path)))
+    assert grid.target_ms([4] * 4, [64] * 4) == pytest.approx(44.0)
+    assert isinstance(resolve_batched("flat:0.05"), FlatBatch)
+    plain = tmp_path / "plain.csv"
+    plain.write_text("role,precision,kind,tokens,ms\ntarget,model,step,1,10\nassistant,model,step,1,2\n")
+    assert isinstance(resolve_batched(str(plain)), TokenCurve)
+
+
+def test_parse_rates():
+    assert parse_rates(["2.5", "0.8x"]) == [("2.5", 2.5, False), ("0.8x", 0.8, True)]
+
+
+def test_bench_batch_on_the_tiny_pairs_tables(tmp_path, capsys):
+    args = ["bench", "--models", "tiny", "--mode", "replay", "--prompts", "code-binary-search,code-lru-cache,"
+            "explain-gil,prose-advice", "--max-new-tokens", "16", "--cost-profile", "flat:0.1",
+            "--cache-dir", str(tmp_path / "tables"), "--out", str(tmp_path / "out"), "--no-peer", "--batch", "1,2",
+            "--layouts", "ragged", "--arrival-rates", "0.5x", "--batch-seeds", "1", "--batch-requests", "8",
+            "--static-ks", "2", "--no-progress"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args) == 0  # the second run finds every table in the cache: no model is loaded
+    err = capsys.readouterr().err
+    assert "running the bench first" not in err
+    for name in ("batch.csv", "batch_answer.csv", "batch_schedules.json", "batch.md"):
+        assert (tmp_path / "out" / name).is_file()
+    frame = pd.read_csv(tmp_path / "out" / "batch.csv")
+    assert set(frame["batch"]) == {1, 2} and set(frame["layout"]) == {"ragged"}
