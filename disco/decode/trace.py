@@ -11,17 +11,11 @@ from dataclasses import asdict, dataclass, field, fields
 
 import pandas as pd
 
-# stop_reason values
-STOP_CONFIDENCE = "confidence"      # the last drafted token's confidence fell below the threshold
-STOP_MAX_LOOKAHEAD = "max_lookahead"  # drafted the policy's K tokens
-STOP_LENGTH = "length"              # the draft was capped by max_new_tokens (room kept for the target's token)
-STOP_EOS = "eos"                    # the assistant drafted the end-of-sequence token
-STOP_ORACLE = "oracle"              # the oracle dropped a draft token the target would reject
-STOP_NONE = "none"                  # autoregressive: nothing drafted by design
-STOP_SHORT = "short"                # the policy discarded a draft as too short to send (llama.cpp's n-min)
-STOP_SOURCE = "source"              # prompt lookup: the source (no match, the match's evidence, EOS) gave fewer than K
-STOP_REASONS = (STOP_CONFIDENCE, STOP_MAX_LOOKAHEAD, STOP_LENGTH, STOP_EOS, STOP_ORACLE, STOP_NONE, STOP_SHORT,
-                STOP_SOURCE)
+from disco.decode.acceptance import summary_columns
+from disco.decode.stops import (  # noqa: F401  (re-exported: the trace's stop_reason values)
+    STOP_CONFIDENCE, STOP_EOS, STOP_LENGTH, STOP_MAX_LOOKAHEAD, STOP_NONE, STOP_ORACLE, STOP_REASONS, STOP_SHORT,
+    STOP_SOURCE,
+)
 
 # token sources
 SOURCE_DRAFT = "accepted_draft"
@@ -105,13 +99,15 @@ def parse_confidences(cell) -> list[float]:
 
 
 def summarize(strategy: str, frame: pd.DataFrame) -> dict:
-    """Run summary of one strategy from its per-iteration rows (works on a live, partial trace too)."""
+    """Run summary of one strategy from its per-iteration rows (works on a live, partial trace too). After its own
+    columns come the engines' headline figures (``disco.decode.acceptance.SUMMARY_COLUMNS``: vLLM's acceptance rate
+    and mean acceptance length, llama.cpp's accept %, SGLang's accept length; docs/glossary.md defines them)."""
     rows = frame[frame["strategy"] == strategy] if "strategy" in frame else frame
     if rows.empty:
         return {"strategy": strategy, "new_tokens": 0, "seconds": 0.0, "tokens_per_s": 0.0, "iterations": 0,
                 "target_calls": 0, "draft_calls": 0, "drafted": 0, "accepted": 0, "acceptance_rate": math.nan,
                 "mean_lookahead": math.nan, "ttft_ms": math.nan, "decode_tokens_per_s": math.nan,
-                "overhead_pct": math.nan}
+                "overhead_pct": math.nan, **summary_columns(rows)}
     new_tokens = int(rows["new_tokens"].iloc[-1])
     seconds = float(rows["elapsed_ms"].iloc[-1]) / 1000.0
     drafted = int(rows["lookahead"].sum())
@@ -136,6 +132,7 @@ def summarize(strategy: str, frame: pd.DataFrame) -> dict:
         "ttft_ms": float(first["elapsed_ms"]),
         "decode_tokens_per_s": decode_tokens / (decode_ms / 1000.0) if decode_ms > 0 else math.nan,
         "overhead_pct": 100.0 * (total_ms - float(rows["forward_ms"].sum())) / total_ms if total_ms > 0 else math.nan,
+        **summary_columns(rows),
     }
 
 
