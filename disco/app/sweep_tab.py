@@ -24,7 +24,7 @@ from disco.app import plots, zerogpu
 from disco.app.session import COMPUTE_LOCK, STOP_LABEL, StopSignals
 from disco.bench.analysis import REFERENCE_SETTING, best_settings
 from disco.bench.heatmap import heatmap_figure
-from disco.app import sweep_inputs, sweep_suites
+from disco.app import sweep_batch, sweep_inputs, sweep_suites
 from disco.app.sweep_views import (
     DETAIL_COLUMNS, RULE_CHOICES, SUMMARY_COLUMNS, csv_path, detail_view, fit_words, kinds_table, status_line,
     top_settings,
@@ -347,6 +347,7 @@ def build_sweep_tab(get_pair, gate=None) -> None:
                 + (f"; {len(chosen.dropped)} unusable rows left out" if chosen.dropped else "") + ".")
 
     _wire(w, stops, run_sweep, show_detail, redraw, heatmap_of, on_suite, gate)
+    sweep_batch.build(w.state, get_pair, gate)
 
 
 def _wire(w: _Widgets, stops, run_sweep, show_detail, redraw, heatmap_of, on_suite, gate=None) -> None:

@@ -131,6 +131,8 @@ def run_study(tables_by_split: dict[str, list[ReplayTable]], costs: BatchCosts, 
                 rows += _points(tables, pricer, study, max_new_tokens, batch, None, "closed", slo,
                                 dict(split=split, layout=layout, batch=batch))
             cap = study.batches[-1]
+            if not study.rates:
+                continue
             base = _one(BASELINE, tables, cap, pricer, study, max_new_tokens)
             mean_tokens = np.mean([len(t.reference_for(max_new_tokens)) for t in tables])
             saturated = base["tokens_per_s"] / max(mean_tokens, 1e-9)
@@ -138,8 +140,8 @@ def run_study(tables_by_split: dict[str, list[ReplayTable]], costs: BatchCosts, 
                 rate = value * saturated if relative else value
                 rows += _points(tables, pricer, study, max_new_tokens, cap, rate, label, slo,
                                 dict(split=split, layout=layout, batch=cap))
-            if progress:
-                _log(f"batch: {split} {layout} done ({time.perf_counter() - started:.0f} s)")
+        if progress:
+            _log(f"batch: {split} done ({time.perf_counter() - started:.0f} s)")
     frame = pd.DataFrame(rows)
     frame["cost_profile"] = profile
     frame["label"] = costs.label

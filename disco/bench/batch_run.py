@@ -16,6 +16,7 @@ from disco.bench.batch import BatchStudy, run_study
 from disco.bench.batch_answer import answer, markdown, schedules
 from disco.bench.cached import find_cached
 from disco.costs import model as cost_model
+from disco.costs import profile as profiles
 from disco.costs.batched import resolve_batched
 from disco.errors import BenchError
 from disco.suites import pick, split_of, split_prompts
@@ -34,8 +35,6 @@ def _tables(cfg, prompts):
 
 def _measured(tables: dict, cfg):
     """This machine's batch-1 cost model for the tables' engine (the measured profile), or None."""
-    from disco.costs import profile as profiles
-
     meta = next(iter(tables.values())).meta
     prof = profiles.latest_for(cfg.models, str(meta.get("engine", "torch")))
     return prof.cost_model_near(meta.get("assistant_precision")) if prof is not None and prof.precisions else None

@@ -164,7 +164,9 @@ def cmd_bench(args) -> int:
     argv = args.argv
     cfg = config_from_args(args, argv)
     if args.batch:
-        return _cmd_batch(args, cfg)
+        from disco.bench.batch_cli import cmd_batch
+
+        return cmd_batch(args, cfg)
     if args.report_only:
         from disco.bench.report import report_only
 
@@ -204,89 +206,8 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _cmd_batch(args, cfg) -> int:
-    from disco.bench.batch import BATCHES, RATES, BatchStudy, default_settings
-    from disco.bench.batch_run import run_batch_bench
-    from disco.replay.layouts import LAYOUTS
-
-    def listed(text, default):
-        return tuple(x.strip() for x in text.split(",") if x.strip()) if text else tuple(default)
-
-    study = BatchStudy(batches=tuple(args.batch or BATCHES), layouts=listed(args.layouts, LAYOUTS),
-                       rates=listed(args.arrival_rates, RATES),
-                       settings=listed(args.batch_settings, default_settings(args.static_ks or STATIC_KS)),
-                       requests=args.batch_requests, seeds=args.batch_seeds)
-    result = run_batch_bench(cfg, study, run_bench)
-    ans = result["answer"]
-    print(f"wrote {cfg.out}/: " + ", ".join(sorted(p.name for p in result["files"].values())))
-    for layout in ans["layout"].unique()[:1]:
-        for _, a in ans[ans["layout"] == layout].iterrows():
-            print(f"{layout} B={a.batch}: best static {a.best_static} {a.best_static_speedup:.2f}x | best threshold "
-                  f"{a.best_threshold} {a.best_threshold_speedup:.2f}x | {REFERENCE_SETTING} {a.reference_speedup:.2f}x"
-                  f" | batch stop {a.batchstop_speedup:.2f}x (test split)")
-    return 0
-
-
 # ---------------------------------------------------------------------------------------------
 # profile
-
-
-def _profile_batch(args) -> int:
-    """``profile --batch``: batched pass costs (disco.bench.batch_profile), printed as a table and written to --csv."""
-    from disco.bench import batch_profile
-    from disco.costs.batched import check_batch
-
-    try:
-        batches = sorted({check_batch(b) for b in args.batch})
-    except ValueError as exc:
-        raise options.UsageError(f"--batch: {exc}") from None
-    contexts = sorted(set(args.contexts or batch_profile.CONTEXTS))
-    if any(not 1 <= c <= 8192 for c in contexts):
-        raise options.UsageError("--contexts: each must be between 1 and 8192 tokens")
-    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
-    rows, identity = batch_profile.measure(pair, batches, contexts, reps=args.reps)
-    if args.csv:
-        batch_profile.write_csv(rows, args.csv)
-    print(f"batched passes on {flags_line()} (llama.cpp {llama.kernels()}), median of {args.reps}; ms per pass")
-    print("| layout | role | context | B | " + " | ".join(f"k={k}" for k in batch_profile.KS) + " |")
-    print("|---|---|---|---|" + "---|" * len(batch_profile.KS))
-    for key in sorted({(r["layout"], r["role"], r["context"], r["batch"]) for r in rows if r["kind"] == "step"}):
-        cells = {r["tokens"]: r["ms"] for r in rows if r["kind"] == "step" and (r["layout"], r["role"], r["context"],
-                                                                                 r["batch"]) == key}
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | " + " | ".join(f"{cells.get(k, float('nan')):.1f}"
-                                                                         for k in batch_profile.KS) + " |")
-    for layout, (same, diff) in identity.items():
-        print(f"{layout}: batched rows {'bit-identical to' if same else f'differ from (max |d logit| {diff:.3g})'} "
-              "each sequence fed alone")
-    if args.live:
-        _live_check(args, pair, rows, identity)
-    return 0
-
-
-def _live_check(args, pair, rows, identity) -> None:
-    """``profile --batch --live``: the batched replay's prediction (priced by the rows just measured) beside live
-    batched decoding of suite prompts (disco.bench.batch_live)."""
-    import pandas as pd
-
-    from disco.bench import batch_live, machine_profile
-    from disco.bench.prompts import PromptEncoder
-    from disco.costs.batched import grid_from_rows
-
-    prompts = machine_profile.suite_prompts(tuple(x.strip() for x in args.prompts.split(",") if x.strip()))
-    if max(args.live) > len(prompts):
-        raise options.UsageError(f"--live {max(args.live)} needs that many --prompts (got {len(prompts)})")
-    encoder = PromptEncoder(pair, args.max_new_tokens, None)
-    ids = [encoder.ids(p) for p in prompts]
-    out = []
-    for layout in identity:
-        grid = grid_from_rows([dict(r, batch=str(r["batch"])) for r in rows], "profile --batch", layout=layout)
-        for b in args.live:
-            out += batch_live.check(pair, ids, grid, b, layout, max_new_tokens=args.max_new_tokens, reps=args.reps)
-    frame = pd.DataFrame(out)
-    print("\nlive batched decoding vs the batched replay's prediction (ms of passes; error = predicted / live - 1)")
-    print(frame.round(1).to_string(index=False))
-    if args.csv:
-        frame.to_csv(args.csv.with_name(args.csv.stem + "_live.csv"), index=False)
 
 
 def add_profile(sub) -> None:
@@ -382,7 +303,9 @@ def cmd_profile(args) -> int:
     if (args.contexts or args.live) and not args.batch:
         raise options.UsageError("--contexts and --live go with --batch")
     if args.batch:
-        return _profile_batch(args)
+        from disco.bench.batch_cli import profile_batch
+
+        return profile_batch(args)
     pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
     if args.kernels and getattr(pair, "engine", None) != "llamacpp":
         raise InputError("--kernels prices llama.cpp's kernels: use it with --engine llamacpp")

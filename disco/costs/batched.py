@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from disco.costs import model as cost_model
 from disco.costs.model import CostModel, CostProfileError
 
 MAX_BATCH = 1024
@@ -187,10 +188,8 @@ def resolve_batched(name: str, measured: CostModel | None = None, step_ms: float
     """The batched cost source of a canonical profile name (``disco.costs.model.check_profile``): ``flat:C``, a CSV
     (a batched grid when it has a ``batch`` column, else its batch-1 curve), ``roofline:DEVICE[:FORMAT]``, or
     ``measured`` (``measured``: this machine's batch-1 CostModel, read as a token curve)."""
-    from disco.costs import model as cost_model
-
     if name.startswith("roofline:"):
-        from disco.costs.roofline import roofline_costs
+        from disco.costs.roofline import roofline_costs  # lazy: the roofline reads its devices file on import
 
         return roofline_costs(name)
     if name.startswith("flat:"):
