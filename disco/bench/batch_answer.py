@@ -128,3 +128,29 @@ def markdown(rows: pd.DataFrame, ans: pd.DataFrame, label: str, command: str) ->
             lines.append(f"| {r.layout} | {r.arrival} | {r.strategy} | {r.tokens_per_s:.1f} | {_f(r.speedup)} | "
                          f"{r.tpot_ms_p50:.1f} / {r.tpot_ms_p99:.1f} | {r.ttft_ms_p50:.1f} | {r.goodput_rps:.3f} |")
     return "\n".join(lines) + "\n"
+
+
+def heatmaps(rows: pd.DataFrame, label: str):
+    """Test-split speed-up as heatmaps, one row per layout: batch size x static K, batch size x τ (thresholds at their
+    KMAX), labelled with the costs' source."""
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    closed = rows[rows["arrival"] == "closed"]
+    test = closed[closed["split"] == ("test" if (closed["split"] == "test").any() else closed["split"].iloc[0])]
+    layouts = list(dict.fromkeys(test["layout"]))
+    fig = make_subplots(rows=len(layouts), cols=2, vertical_spacing=0.08,
+                        subplot_titles=[f"{layout}: B x {what}" for layout in layouts for what in ("static K", "τ")])
+    for r, layout in enumerate(layouts, start=1):
+        for col, kind in ((1, "static"), (2, "threshold")):
+            part = test[(test["kind"] == kind) & (test["layout"] == layout)].copy()
+            if part.empty:
+                continue
+            part["param"] = part["strategy"].str.split(":").str[1].astype(float)
+            grid = part.pivot_table(index="param", columns="batch", values="speedup")
+            fig.add_trace(go.Heatmap(z=grid.values, x=[str(b) for b in grid.columns], y=[f"{v:g}" for v in grid.index],
+                                     coloraxis="coloraxis", hovertemplate="B %{x}, %{y}: %{z:.2f}x<extra></extra>"),
+                          row=r, col=col)
+    fig.update_layout(title=f"Speed-up over the target alone per batch size, test prompts ({label})",
+                      coloraxis=dict(colorscale="RdBu", cmid=1.0), height=320 * len(layouts) + 80)
+    return fig

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from disco import cache
 from disco.bench.batch import BatchStudy, run_study
-from disco.bench.batch_answer import answer, markdown, schedules
+from disco.bench.batch_answer import answer, heatmaps, markdown, schedules
 from disco.bench.cached import find_cached
 from disco.costs import model as cost_model
 from disco.costs import profile as profiles
@@ -73,5 +73,7 @@ def run_batch_bench(cfg, study: BatchStudy, run_bench) -> dict:
     files["schedules"].write_text(json.dumps({layout: schedules(ans, layout) for layout in ans["layout"].unique()},
                                              indent=1) + "\n")
     files["markdown"].write_text(markdown(rows, ans, costs.label, cfg.command))
+    files["heatmaps"] = out / "batch_heatmaps.html"
+    heatmaps(rows, costs.label).write_html(files["heatmaps"], include_plotlyjs="directory")
     _log(f"batch: {len(rows)} points in {time.perf_counter() - start:.1f} s under {costs.label} (models not loaded)")
     return {"files": files, "answer": ans, "rows": rows}

@@ -140,7 +140,7 @@ def test_bench_batch_on_the_tiny_pairs_tables(tmp_path, capsys):
     assert main(args) == 0  # the second run finds every table in the cache: no model is loaded
     err = capsys.readouterr().err
     assert "running the bench first" not in err
-    for name in ("batch.csv", "batch_answer.csv", "batch_schedules.json", "batch.md"):
+    for name in ("batch.csv", "batch_answer.csv", "batch_schedules.json", "batch.md", "batch_heatmaps.html"):
         assert (tmp_path / "out" / name).is_file()
     frame = pd.read_csv(tmp_path / "out" / "batch.csv")
     assert set(frame["batch"]) == {1, 2} and set(frame["layout"]) == {"ragged"}
