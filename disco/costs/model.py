@@ -123,13 +123,17 @@ def check_profile(text: str | None) -> str:
         return text
     if text.startswith("flat:"):
         return f"flat:{_flat_c(text):g}"
+    if text.startswith("roofline:"):
+        from disco.costs.roofline import check_roofline  # lazy: the device file is read only when a roofline is named
+
+        return check_roofline(text)
     path = Path(text)
     if path.suffix.lower() != ".csv":
-        raise CostProfileError(f"unknown cost profile {text!r}: expected measured, flat:C (e.g. flat:0.05) or a .csv "
-                               "file from `python -m disco profile --csv`")
+        raise CostProfileError(f"unknown cost profile {text!r}: expected measured, flat:C (e.g. flat:0.05), "
+                               "roofline:DEVICE (e.g. roofline:h100) or a .csv file from `python -m disco profile --csv`")
     if not path.is_file():
         raise CostProfileError(f"cost profile {text!r}: no such file")
-    parse_rows(csv_rows(path), str(path))  # its content checked now, before any model is loaded
+    parse_rows(batch_one(csv_rows(path), str(path)), str(path))  # checked now, before any model is loaded
     return str(path)
 
 
@@ -216,8 +220,31 @@ def csv_rows(path: str | Path) -> list[dict]:
     return frame.to_dict("records")
 
 
+def batch_one(rows: list[dict], source: str) -> list[dict]:
+    """The batch-1 passes of a profile's rows: all of them when the CSV has no ``batch`` column (a batch-1 profile);
+    else those at batch 1, at its smallest measured context and its first layout. A batch that is not a whole number
+    >= 1 is refused in one line."""
+    if not rows or "batch" not in rows[0]:
+        return rows
+    for r in rows:
+        try:
+            b = float(r["batch"])
+        except (TypeError, ValueError):
+            b = math.nan
+        if not (math.isfinite(b) and b == int(b) and b >= 1):
+            raise CostProfileError(f"{source}: column batch must hold whole numbers >= 1, got {r['batch']!r}")
+    kept = [r for r in rows if float(r["batch"]) == 1]
+    if kept and "context" in kept[0]:
+        low = min(float(r["context"] or 0) for r in kept)
+        kept = [r for r in kept if float(r["context"] or 0) == low]
+    if kept and "layout" in kept[0]:
+        first = sorted(str(r["layout"]) for r in kept)[0]
+        kept = [r for r in kept if str(r["layout"]) == first]
+    return kept
+
+
 def read_csv(path: str | Path, precision: str | None = None) -> CostModel:
-    return from_rows(csv_rows(path), precision, source=str(path))
+    return from_rows(batch_one(csv_rows(path), str(path)), precision, source=str(path))
 
 
 def write_csv(rows: Iterable[dict], path: str | Path) -> None:
@@ -237,4 +264,8 @@ def resolve(profile: str | None, measured=None, precision: str | None = None, st
         return model
     if name.startswith("flat:"):
         return flat(_flat_c(name), step_ms or NOMINAL_STEP_MS)
+    if name.startswith("roofline:"):
+        from disco.costs.roofline import batch1_cost_model, roofline_costs  # lazy: as in check_profile
+
+        return batch1_cost_model(roofline_costs(name))
     return read_csv(name, precision)

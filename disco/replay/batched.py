@@ -282,3 +282,29 @@ def goodput(m: dict, span_ms: float, ttft_slo_ms: float, tpot_slo_ms: float) -> 
     """Requests per second in the window that met both latency targets."""
     good = sum(1 for a, b in m["_latency"] if a <= ttft_slo_ms and b <= tpot_slo_ms)
     return good / span_ms * 1000.0 if span_ms > 0 else math.nan
+
+
+def recost_trace(frame, batch: int, pricer: Pricer) -> list[dict]:
+    """A finished race's lanes "as in a batch of B": each lane's own iterations (its per-iteration trace rows) run by
+    ``batch`` identical sequences in lockstep and priced by ``pricer`` (a prediction: the lanes ran alone). One row per
+    lane: predicted ms, tokens per second of the batch, and speed-up over the target-alone lane when the race had one."""
+    out = []
+    for strategy, rows in frame.groupby("strategy", sort=False):
+        rows = rows.sort_values("iteration")
+        first = rows.iloc[0]
+        prompt_len = int(first["target_tokens"]) - int(first["lookahead"])
+        ms, done = 0.0, 0
+        for i, r in enumerate(rows.itertuples(index=False)):
+            calls = int(r.draft_calls)
+            fed = int(r.assistant_tokens) - (calls - 1) if calls else 0
+            context = prompt_len + done - 1 if i else 0
+            row = RowPass(int(r.target_tokens), int(r.max_lookahead), calls, fed, context, max(context - 1, 0), i == 0)
+            draft, verify = pricer.iteration_ms([row] * batch)
+            ms += draft + verify
+            done = int(r.new_tokens)
+        out.append({"strategy": strategy, "batch": batch, "predicted_ms": ms,
+                    "tokens_per_s": batch * done / ms * 1000.0 if ms > 0 else math.nan})
+    base = next((o["tokens_per_s"] for o in out if o["strategy"] == "autoregressive"), math.nan)
+    for o in out:
+        o["speedup"] = o["tokens_per_s"] / base if base == base else math.nan
+    return out

@@ -224,3 +224,25 @@ def test_steady_window_excludes_ramp_up_and_drain():
     assert m["steady"] and 0 < m["window_ms"] < log.iterations[-1][0]
     assert m["mean_active"] == pytest.approx(4.0)
     assert not math.isnan(m["tpot_ms_p99"])
+
+
+def test_a_race_recosted_as_in_a_batch():
+    import pandas as pd
+
+    from disco.decode.trace import iterations_frame
+    from disco.replay.batched import recost_trace
+
+    table = synthetic_table(7)
+    records = []
+    for spec in ("autoregressive", "static:3"):
+        records += replay(table, parse_strategy(spec), 24, costs=CURVE).records
+    frame = iterations_frame(records)
+    one = {r["strategy"]: r for r in recost_trace(frame, 1, Pricer(TokenCurve(CURVE), "ragged"))}
+    for spec in ("autoregressive", "static:3"):  # at B = 1 the lane's own modelled time
+        lane = frame[frame["strategy"] == spec]
+        assert one[spec]["predicted_ms"] == pytest.approx(lane["iteration_ms"].sum())
+    assert one["autoregressive"]["speedup"] == 1.0
+    flat = {r["strategy"]: r for r in recost_trace(frame, 8, Pricer(FlatBatch(0.1), "ragged"))}
+    assert flat["static:3"]["tokens_per_s"] == pytest.approx(8 * one["static:3"]["tokens_per_s"] * 0 +
+                                                             flat["static:3"]["tokens_per_s"])
+    assert isinstance(pd.DataFrame(list(flat.values())), pd.DataFrame)
