@@ -72,6 +72,7 @@ class BatchStudy:
     requests: int = 0           # per stream; 0: max(48, 6 x B)
     seeds: int = 3
     slo_factor: float = 2.0     # latency target: TPOT and TTFT within this factor of the target alone's at B = 1
+    band: bool = True           # a roofline profile: also answer under every model of its uncertainty band
 
     def __post_init__(self):
         try:

@@ -154,3 +154,40 @@ def heatmaps(rows: pd.DataFrame, label: str):
     fig.update_layout(title=f"Speed-up over the target alone per batch size, test prompts ({label})",
                       coloraxis=dict(colorscale="RdBu", cmid=1.0), height=320 * len(layouts) + 80)
     return fig
+
+
+def band_table(answers: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per (layout, B), the answer's spread over a roofline's band (``answers``: the answer under each model of the
+    band, by its note; "nominal" first): the best static K and best τ as intervals, speculation paying or not, and
+    ``flips`` where a conclusion changes inside the band."""
+    nominal = answers["nominal"]
+    rows = []
+    for _, a in nominal.iterrows():
+        same = [ans[(ans["layout"] == a.layout) & (ans["batch"] == a.batch)].iloc[0] for ans in answers.values()]
+        ks = [int(str(s.best_static).split(":")[1]) for s in same if s.best_static]
+        taus = [float(str(s.best_threshold).split(":")[1]) for s in same if s.best_threshold]
+        pays = {bool(s.speculation_pays) for s in same}
+        near = {bool(s.reference_near) for s in same}
+        rows.append({"layout": a.layout, "batch": int(a.batch), "best_static": a.best_static,
+                     "k_low": min(ks, default=math.nan), "k_high": max(ks, default=math.nan),
+                     "best_threshold": a.best_threshold, "tau_low": min(taus, default=math.nan),
+                     "tau_high": max(taus, default=math.nan),
+                     "reference_speedup_low": min(s.reference_speedup for s in same),
+                     "reference_speedup_high": max(s.reference_speedup for s in same),
+                     "speculation_pays": a.speculation_pays, "flips": len(pays) > 1 or len(near) > 1,
+                     "models": len(same)})
+    return pd.DataFrame(rows)
+
+
+def band_markdown(band: pd.DataFrame, label: str) -> str:
+    lines = [f"## Uncertainty band ({label})", "",
+             "Every uncertain factor of the device (bandwidth and compute efficiency, per-kernel time, host time per "
+             "iteration) at each end of its stated range, and the two corners; a conclusion that changes inside the "
+             "band (speculation pays or not, τ 0.4 / 20 near-optimal or not) is flagged.", "",
+             "| layout | B | best static K (band) | best τ (band) | τ 0.4 / 20 speed-up (band) | flips |",
+             "|---|---|---|---|---|---|"]
+    for _, b in band.iterrows():
+        lines.append(f"| {b.layout} | {b.batch} | {b.best_static} ({b.k_low:g}-{b.k_high:g}) | {b.best_threshold} "
+                     f"({b.tau_low:g}-{b.tau_high:g}) | {_f(b.reference_speedup_low)}-{_f(b.reference_speedup_high)} "
+                     f"| {'**yes**' if b.flips else 'no'} |")
+    return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ B), ``batch_schedules.json`` and ``batch.md`` to the run's output folder."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -13,10 +14,11 @@ from pathlib import Path
 
 from disco import cache
 from disco.bench.batch import BatchStudy, run_study
-from disco.bench.batch_answer import answer, heatmaps, markdown, schedules
+from disco.bench.batch_answer import answer, band_markdown, band_table, heatmaps, markdown, schedules
 from disco.bench.cached import find_cached
 from disco.costs import model as cost_model
 from disco.costs import profile as profiles
+from disco.costs import roofline
 from disco.costs.batched import resolve_batched
 from disco.errors import BenchError
 from disco.suites import pick, split_of, split_prompts
@@ -38,6 +40,16 @@ def _measured(tables: dict, cfg):
     meta = next(iter(tables.values())).meta
     prof = profiles.latest_for(cfg.models, str(meta.get("engine", "torch")))
     return prof.cost_model_near(meta.get("assistant_precision")) if prof is not None and prof.precisions else None
+
+
+def _band(profile: str, by_split: dict, study: BatchStudy, cfg, nominal) -> "pd.DataFrame":
+    """The answer under every model of the roofline's band (closed loop, one seed each; ``disco.costs.roofline``)."""
+    answers = {"nominal": nominal}
+    quick = dataclasses.replace(study, rates=(), seeds=1)
+    for model in roofline.band(profile)[1:]:
+        _log(f"batch: band model {model.note} ...")
+        answers[model.note] = answer(run_study(by_split, model, profile, quick, cfg.max_new_tokens, False))
+    return band_table(answers)
 
 
 def run_batch_bench(cfg, study: BatchStudy, run_bench) -> dict:
@@ -75,5 +87,11 @@ def run_batch_bench(cfg, study: BatchStudy, run_bench) -> dict:
     files["markdown"].write_text(markdown(rows, ans, costs.label, cfg.command))
     files["heatmaps"] = out / "batch_heatmaps.html"
     heatmaps(rows, costs.label).write_html(files["heatmaps"], include_plotlyjs="directory")
+    if profile.startswith("roofline:") and study.band:
+        files["band"] = out / "batch_band.csv"
+        band = _band(profile, by_split, study, cfg, ans)
+        band.to_csv(files["band"], index=False)
+        with open(files["markdown"], "a", encoding="utf-8") as fh:
+            fh.write("\n" + band_markdown(band, costs.label))
     _log(f"batch: {len(rows)} points in {time.perf_counter() - start:.1f} s under {costs.label} (models not loaded)")
     return {"files": files, "answer": ans, "rows": rows}

@@ -144,3 +144,24 @@ def test_bench_batch_on_the_tiny_pairs_tables(tmp_path, capsys):
         assert (tmp_path / "out" / name).is_file()
     frame = pd.read_csv(tmp_path / "out" / "batch.csv")
     assert set(frame["batch"]) == {1, 2} and set(frame["layout"]) == {"ragged"}
+
+
+def test_a_roofline_answer_comes_with_its_band():
+    from types import SimpleNamespace
+
+    from disco.bench.batch_answer import band_markdown
+    from disco.bench.batch_run import _band
+    from disco.costs.roofline import roofline_costs
+
+    tables = [synthetic_table(s) for s in range(4)]
+    study = BatchStudy(batches=(1, 16), layouts=("padded-k",), rates=(), settings=("static:2", "static:6",
+                       "threshold:0.4:20"), requests=8, seeds=1)
+    by_split = {"train": tables[:2], "test": tables[2:]}
+    costs = roofline_costs("roofline:h100")
+    assert "uncalibrated" in costs.label and "H100" in costs.label
+    nominal = answer(run_study(by_split, costs, "roofline:h100:bf16", study, 24, progress=False))
+    band = _band("roofline:h100:bf16", by_split, study, SimpleNamespace(max_new_tokens=24), nominal)
+    assert list(band["batch"]) == [1, 16] and (band["models"] == 11).all()
+    assert (band["k_low"] <= band["k_high"]).all()
+    assert (band["reference_speedup_low"] <= band["reference_speedup_high"]).all()
+    assert "Uncertainty band (predicted on H100" in band_markdown(band, costs.label)
