@@ -13,7 +13,7 @@ import gradio as gr
 
 from disco import limits
 from disco.errors import UserError, first_line
-from disco.app import about, plots, race_tab as ui, zerogpu
+from disco.app import about, plots, race_batch, race_tab as ui, zerogpu
 from disco.app.lanes import LANES_CSS, summary_frame
 from disco.app.loader import ModelLoader
 from disco.app.session import STOP_LABEL, StopSignals
@@ -22,6 +22,11 @@ from disco.app.visitors import QueueRules, VisitorGate
 
 THEME = gr.themes.Soft(primary_hue="orange", neutral_hue="slate")
 PAGE_CSS = ".gradio-container { max-width: 1600px !important; } #disco-status p { margin: 0; }"
+
+
+def _measured(prof):
+    """This machine's batch-1 cost model from its profile (None while it is measured)."""
+    return prof.cost_model_near(None) if prof is not None and prof.precisions else None
 
 
 def build_demo(models: str | None = None) -> gr.Blocks:
@@ -114,6 +119,7 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                 iterations_csv = gr.File(label="Download CSV: per-iteration trace", elem_id="iterations-csv")
                 tokens_csv = gr.File(label="Download CSV: per-token trace", elem_id="tokens-csv")
                 positions_csv = gr.File(label="Download CSV: acceptance by draft position", elem_id="positions-csv")
+            race_batch.build(iterations_csv, measured=lambda: _measured(loader.get_profile()))
         with gr.Tab("Sweep"):
             build_sweep_tab(loader.get, gate)
         with gr.Tab("This machine"):

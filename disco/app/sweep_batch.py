@@ -90,5 +90,7 @@ def build(state: gr.State, get_pair, gate=None) -> None:
     per_batch = zerogpu.gpu(per_batch, limits.Budgets.from_env().run_s)
     inputs = [batches, layout, state]
     extra = {"validator": gate.validator_for(per_batch, len(inputs))} if gate is not None else {}
+    # preprocess=False: the handler checks every raw value itself, so a bad one gets our one line, not a 400
     go_button.click(per_batch, inputs, [status, plot, table], api_name="sweep_batch", concurrency_id="compute",
+                    preprocess=False,
                     **extra)
