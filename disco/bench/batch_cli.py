@@ -12,7 +12,10 @@ from disco.bench import batch_live, batch_profile, machine_profile
 from disco.bench.batch import BATCHES, RATES, BatchStudy, default_settings
 from disco.bench.batch_run import run_batch_bench
 from disco.bench.prompts import PromptEncoder
+from disco.costs import model as cost_model
 from disco.costs.batched import check_batch, grid_from_rows
+from disco.costs import roofline_fit
+from disco.costs.model import CostProfileError
 from disco.replay.layouts import LAYOUTS
 from disco.bench.analysis import REFERENCE_SETTING
 from disco.bench.run import run_bench
@@ -91,3 +94,29 @@ def live_check(args, pair, rows, identity) -> None:
     print(frame.round(1).to_string(index=False))
     if args.csv:
         frame.to_csv(args.csv.with_name(args.csv.stem + "_live.csv"), index=False)
+
+
+def fit_roofline(path) -> int:
+    """``profile --fit-roofline CSV``: roofline:this fitted to measured batched passes; the error on passes left out
+    (each split of ``disco.costs.roofline_fit``), then the fit on every pass kept for ``roofline:this``."""
+    rows = cost_model.csv_rows(path)
+    if not rows or "batch" not in rows[0]:
+        raise options.UsageError(f"--fit-roofline: {path} has no batch column (write one with profile --batch --csv)")
+    points = roofline_fit.points_from_rows(rows)
+    print(f"roofline:this fitted to {len(points)} measured passes of {path} ({flags_line()})")
+    print("| held out | fitted on | tested on | median error | worst error |\n|---|---|---|---|---|")
+    for split in roofline_fit.SPLITS:
+        try:
+            r = roofline_fit.held_out_report(points, split)
+        except CostProfileError as exc:
+            print(f"| {split} | - | - | {exc} | |")
+            continue
+        print(f"| {split} | {len(r['train'])} | {len(r['test'])} | {r['median_abs_pct']:.1f} % | "
+              f"{r['worst_abs_pct']:.1f} % |")
+    factors, report = roofline_fit.fit(points)
+    saved = roofline_fit.save_fit(factors, report, str(path))
+    print(f"all passes: median {report['median_abs_pct']:.1f} %, worst {report['worst_abs_pct']:.1f} %; factors "
+          + ", ".join(f"{k} {v:.3g}" for k, v in factors.items()) + (f"; kept in {saved}" if saved else ""))
+    print("What transfers from a CPU to a GPU: the shapes, bytes, FLOPs and pass counts. What does not: every "
+          "efficiency, kernel and host time (a GPU's are its own; see docs/hardware.md).")
+    return 0

@@ -233,6 +233,9 @@ def add_profile(sub) -> None:
                         "--csv writes them with batch, context and layout columns (a --cost-profile for bench --batch)")
     p.add_argument("--contexts", type=options.number_list(int), default=None, metavar="C,...",
                    help="with --batch: cached tokens per sequence before each pass (default 64,256)")
+    p.add_argument("--fit-roofline", type=Path, default=None, metavar="CSV",
+                   help="fit roofline:this to the passes of a profile --batch CSV and report its error on passes it did "
+                        "not see (small to large, one context to another, target to assistant); no model is loaded")
     p.add_argument("--live", type=options.number_list(int), default=None, metavar="B,...",
                    help="with --batch: then decode B of --prompts in one llama.cpp batch (target alone, static:4, "
                         "threshold:0.4:20; --reps times) and set the batched replay's prediction beside it")
@@ -302,6 +305,10 @@ def cmd_profile(args) -> int:
         raise options.UsageError("--variants goes with --kernels")
     if (args.contexts or args.live) and not args.batch:
         raise options.UsageError("--contexts and --live go with --batch")
+    if args.fit_roofline:
+        from disco.bench.batch_cli import fit_roofline
+
+        return fit_roofline(args.fit_roofline)
     if args.batch:
         from disco.bench.batch_cli import profile_batch
 

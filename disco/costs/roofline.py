@@ -405,8 +405,15 @@ def roofline_costs(profile_text, target_shape: ModelShape | None = None, assista
     """``roofline:DEVICE`` (bf16 on a GPU, q4_k_m on ``this``) or ``roofline:DEVICE:FORMAT`` as BatchCosts; shapes
     default to the embedded pair's."""
     entry, fmt = _parse(profile_text, devices)
+    calibrated = False
+    if entry["id"] == "this" and factors is None and devices is None:
+        from disco.costs.roofline_fit import fitted_this  # lazy: roofline_fit imports this module at load time
+
+        fitted = fitted_this()  # ``profile --fit-roofline`` on this CPU, if it ran
+        if fitted is not None:
+            factors, calibrated = fitted[0], True
     return RooflineCosts(entry, fmt, graphs, dict(factors or {}), target_shape or TARGET_SHAPE,
-                         assistant_shape or ASSISTANT_SHAPE)
+                         assistant_shape or ASSISTANT_SHAPE, calibrated=calibrated)
 
 
 def batch1_cost_model(costs: RooflineCosts, context: int = 512) -> CostModel:

@@ -165,3 +165,30 @@ def test_a_roofline_answer_comes_with_its_band():
     assert (band["k_low"] <= band["k_high"]).all()
     assert (band["reference_speedup_low"] <= band["reference_speedup_high"]).all()
     assert "Uncertainty band (predicted on H100" in band_markdown(band, costs.label)
+
+
+def test_profile_fit_roofline_reports_held_out_errors_and_calibrates_this(tmp_path, monkeypatch, capsys):
+    from disco.costs.roofline import roofline_costs
+
+    monkeypatch.setenv("DISCO_CACHE", str(tmp_path / "cache"))
+    truth = roofline_costs("roofline:this").with_factors({"bandwidth_efficiency": 0.3, "compute_efficiency": 0.2,
+                                                          "kernel_us": 40.0, "host_ms": 0.5})
+    rows = ["role,precision,kind,tokens,ms,batch,context,layout"]
+    for role in ("target", "assistant"):
+        for b in (1, 2, 4):
+            for k in (1, 4, 16):
+                for c in (64, 256):
+                    ms = truth.pass_ms(role, [k] * b, [c] * b)
+                    rows.append(f"{role},model,step,{k},{ms},{b},{c},streams")
+    path = tmp_path / "batched.csv"
+    path.write_text("\n".join(rows) + "\n")
+    assert "uncalibrated" in roofline_costs("roofline:this").label
+    assert main(["profile", "--fit-roofline", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "small-to-large" in out and "target-to-assistant" in out
+    fitted = roofline_costs("roofline:this")
+    assert "calibrated on measured passes" in fitted.label
+    assert fitted.target_ms([8] * 4, [128] * 4) == pytest.approx(truth.target_ms([8] * 4, [128] * 4), rel=0.02)
+    plain = tmp_path / "plain.csv"
+    plain.write_text("role,precision,kind,tokens,ms\ntarget,model,step,1,10\nassistant,model,step,1,2\n")
+    assert main(["profile", "--fit-roofline", str(plain)]) == 2
