@@ -103,12 +103,12 @@ def _kind(spec: str) -> str:
 
 
 def _one(spec: str, tables: list[ReplayTable], batch: int, pricer: Pricer, study: BatchStudy, max_new: int,
-         rate: float | None = None) -> dict:
+         rate: float | None = None, traces: dict | None = None) -> dict:
     """One (setting, B, layout, arrival) point: metrics averaged over the study's seeded streams."""
     runs = []
     for seed in range(study.seeds):
         stream = request_stream(tables, study.count(batch), seed, rate)
-        m = metrics(simulate(spec, stream, batch, pricer, max_new), open_loop=rate is not None)
+        m = metrics(simulate(spec, stream, batch, pricer, max_new, traces=traces), open_loop=rate is not None)
         runs.append(m)
     out = {k: float(np.mean([r[k] for r in runs])) for k in runs[0] if not k.startswith("_") and k != "steady"}
     out["steady"] = all(r["steady"] for r in runs)
@@ -125,22 +125,23 @@ def run_study(tables_by_split: dict[str, list[ReplayTable]], costs: BatchCosts, 
     for split, tables in tables_by_split.items():
         if not tables:
             continue
+        traces: dict = {}  # each (table, setting)'s iterations, replayed once for every B, layout and seed
         for layout in study.layouts:
             pricer = Pricer(costs, layout)
-            slo = _slo(tables, pricer, study, max_new_tokens)
+            slo = _slo(tables, pricer, study, max_new_tokens, traces)
             for batch in study.batches:
                 rows += _points(tables, pricer, study, max_new_tokens, batch, None, "closed", slo,
-                                dict(split=split, layout=layout, batch=batch))
+                                dict(split=split, layout=layout, batch=batch), traces)
             cap = study.batches[-1]
             if not study.rates:
                 continue
-            base = _one(BASELINE, tables, cap, pricer, study, max_new_tokens)
+            base = _one(BASELINE, tables, cap, pricer, study, max_new_tokens, traces=traces)
             mean_tokens = np.mean([len(t.reference_for(max_new_tokens)) for t in tables])
             saturated = base["tokens_per_s"] / max(mean_tokens, 1e-9)
             for label, value, relative in parse_rates(study.rates):
                 rate = value * saturated if relative else value
                 rows += _points(tables, pricer, study, max_new_tokens, cap, rate, label, slo,
-                                dict(split=split, layout=layout, batch=cap))
+                                dict(split=split, layout=layout, batch=cap), traces)
         if progress:
             _log(f"batch: {split} done ({time.perf_counter() - started:.0f} s)")
     frame = pd.DataFrame(rows)
@@ -149,17 +150,17 @@ def run_study(tables_by_split: dict[str, list[ReplayTable]], costs: BatchCosts, 
     return frame[[c for c in CSV_COLUMNS if c in frame.columns]]
 
 
-def _slo(tables, pricer: Pricer, study: BatchStudy, max_new: int) -> tuple[float, float]:
+def _slo(tables, pricer: Pricer, study: BatchStudy, max_new: int, traces=None) -> tuple[float, float]:
     """(TTFT, TPOT) targets: ``slo_factor`` times the target alone's p50 at batch 1 on the same stream."""
-    base = _one(BASELINE, tables, 1, pricer, study, max_new)
+    base = _one(BASELINE, tables, 1, pricer, study, max_new, traces=traces)
     return study.slo_factor * base["ttft_ms_p50"], study.slo_factor * base["tpot_ms_p50"]
 
 
-def _points(tables, pricer, study, max_new, batch, rate, arrival, slo, keys) -> list[dict]:
+def _points(tables, pricer, study, max_new, batch, rate, arrival, slo, keys, traces=None) -> list[dict]:
     base = None
     out = []
     for spec in study.settings:
-        m = _one(spec, tables, batch, pricer, study, max_new, rate)
+        m = _one(spec, tables, batch, pricer, study, max_new, rate, traces)
         if spec == BASELINE:
             base = m
         good = float(np.mean([goodput(r, r["window_ms"], *slo) for r in m["_runs"]]))

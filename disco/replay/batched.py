@@ -102,6 +102,7 @@ class Setting:
                 raise BatchReplayError(f"{self.spec!r}: KMAX must be in 1..64")
             self.spec = f"{BATCH_STOP}:{self.kmax}"
             self.shared = False
+            probe = parse_strategy(f"static:{self.kmax}")
         else:
             probe = parse_strategy(self.spec)
             if probe.probes_verification:
@@ -109,6 +110,8 @@ class Setting:
             self.spec = probe.spec
             self.shared = type(probe).batch_shared
         self._shared: Policy | None = None
+        # its iterations are the same whatever the batch, layout and costs: replayed once per request's table
+        self.cacheable = not (self.batch_stop or self.shared) and not (probe.needs_costs or probe.reads_costs)
 
     def policy(self) -> Policy:
         if self.batch_stop:
@@ -124,22 +127,49 @@ class Setting:
 
 
 class _Slot:
-    """One admitted request: its replay run and what it has emitted when."""
+    """One admitted request: its replay run (or its cached iterations) and what it has emitted when."""
 
-    def __init__(self, request: Request, setting: Setting, view: CostModel, max_new_tokens: int, bind: bool):
+    def __init__(self, request: Request, setting: Setting, view: CostModel, max_new_tokens: int, bind: bool,
+                 traces: dict | None = None):
         self.request = request
-        policy = setting.policy()
-        self.run = ReplayRun(request.table, policy, max_new_tokens, view, bind=bind)
         self.first_ms = math.nan
         self.emissions: list[tuple[float, int]] = []
+        key = (id(request.table), setting.spec, max_new_tokens)
+        if traces is not None and setting.cacheable:
+            if key not in traces:  # a per-sequence rule that reads no costs: the same iterations at every B and layout
+                run = ReplayRun(request.table, setting.policy(), max_new_tokens)
+                steps = []
+                while not run.done:
+                    steps.append(_row_of(run))
+                traces[key] = (steps, list(run.output_ids))
+            self.run, (self._steps, self._output) = None, traces[key]
+            self._next = 0
+        else:
+            self.run = ReplayRun(request.table, setting.policy(), max_new_tokens, view, bind=bind)
+
+    @property
+    def done(self) -> bool:
+        return self.run.done if self.run is not None else self._next >= len(self._steps)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return list(self.run.output_ids) if self.run is not None else self._output
 
     def step(self) -> tuple[RowPass, int]:
-        core = self.run.core
-        t_ctx, a_ctx, new = core.t_len, core.a_len, core.out_len == 0 and not core.records
-        record = self.run.step()
-        first_fed = record.assistant_tokens - (record.draft_calls - 1) if record.draft_calls else 0
-        return RowPass(record.target_tokens, int(record.max_lookahead), record.draft_calls, first_fed, t_ctx, a_ctx,
-                       new), record.emitted
+        if self.run is not None:
+            return _row_of(self.run)
+        self._next += 1
+        return self._steps[self._next - 1]
+
+
+def _row_of(run: ReplayRun) -> tuple[RowPass, int]:
+    """One iteration of ``run`` as its share of a batch iteration, and the tokens it emitted."""
+    core = run.core
+    t_ctx, a_ctx, new = core.t_len, core.a_len, core.out_len == 0 and not core.records
+    record = run.step()
+    first_fed = record.assistant_tokens - (record.draft_calls - 1) if record.draft_calls else 0
+    return RowPass(record.target_tokens, int(record.max_lookahead), record.draft_calls, first_fed, t_ctx, a_ctx,
+                   new), record.emitted
 
 
 @dataclass
@@ -188,8 +218,10 @@ def _depth(slots: list[_Slot], kmax: int, pricer: Pricer) -> list[int]:
 
 
 def simulate(setting: Setting | str, stream: Sequence[Request], batch: int, pricer: Pricer, max_new_tokens: int,
-             view_context: int = 256) -> BatchRun:
-    """Replay ``stream`` through ``batch`` slots under continuous batching (module docstring)."""
+             view_context: int = 256, traces: dict | None = None) -> BatchRun:
+    """Replay ``stream`` through ``batch`` slots under continuous batching (module docstring). ``traces``: a dict the
+    caller keeps across calls on the same tables, where the iterations of per-sequence rules that read no costs are
+    replayed once per (table, setting) and reused at every B, layout and seed."""
     setting = Setting(setting) if isinstance(setting, str) else setting.fresh()
     if batch < 1:
         raise BatchReplayError(f"batch size must be >= 1, got {batch}")
@@ -201,7 +233,8 @@ def simulate(setting: Setting | str, stream: Sequence[Request], batch: int, pric
     while queue or active:
         while len(active) < batch and queue and queue[0].arrival_ms <= clock:
             request = queue.popleft()
-            active.append(_Slot(request, setting, view, max_new_tokens, bind=not (setting.shared and bound)))
+            active.append(_Slot(request, setting, view, max_new_tokens, bind=not (setting.shared and bound),
+                                traces=traces))
             bound = True
             log.last_admission_ms = clock
         if not active:
@@ -219,7 +252,7 @@ def simulate(setting: Setting | str, stream: Sequence[Request], batch: int, pric
                 slot.emissions.append((clock, emitted))
                 if math.isnan(slot.first_ms):
                     slot.first_ms = clock
-        for slot in [s for s in active if s.run.done]:
+        for slot in [s for s in active if s.done]:
             active.remove(slot)
             _finish(log, slot, clock)
     return log
@@ -232,7 +265,7 @@ def _finish(log: BatchRun, slot: _Slot, clock: float) -> None:
     log.requests.append({"index": slot.request.index, "arrival_ms": slot.request.arrival_ms,
                          "first_ms": slot.first_ms, "finish_ms": clock, "tokens": tokens,
                          "emissions": slot.emissions})
-    log.output[slot.request.index] = list(slot.run.output_ids)
+    log.output[slot.request.index] = list(slot.output_ids)
 
 
 def window(log: BatchRun, open_loop: bool) -> tuple[float, float, bool]:

@@ -246,3 +246,19 @@ def test_a_race_recosted_as_in_a_batch():
     assert flat["static:3"]["tokens_per_s"] == pytest.approx(8 * one["static:3"]["tokens_per_s"] * 0 +
                                                              flat["static:3"]["tokens_per_s"])
     assert isinstance(pd.DataFrame(list(flat.values())), pd.DataFrame)
+
+
+def test_cached_iterations_give_the_same_run_as_live_stepping():
+    tables = [synthetic_table(s) for s in range(4)]
+    stream = request_stream(tables, 20, seed=9)
+    for spec in ("static:3", "threshold:0.4:20", "pmin:0.5:16:2"):
+        assert Setting(spec).cacheable
+        pricer = Pricer(TokenCurve(CURVE), "padded-k")
+        traces: dict = {}
+        cached = simulate(spec, stream, 4, pricer, 24, traces=traces)
+        again = simulate(spec, stream, 4, pricer, 24, traces=traces)  # now every request's iterations come from traces
+        live = simulate(spec, stream, 4, pricer, 24)
+        assert cached.iterations == again.iterations == live.iterations
+        assert cached.output == live.output
+    assert not Setting("sglang:3").cacheable and not Setting("batchstop:8").cacheable
+    assert not Setting("costaware:20").cacheable
