@@ -26,6 +26,12 @@ class Interrupted(Exception):
     """A step abandoned at the caller's request (Stop in the app); that decoder cannot step again. Not an error."""
 
 
+class MissingResult(Exception):
+    """A result that could not be had for a reason no input caused and no user can fix (a busy machine: a tool that
+    exited before printing its figures). Not a ``UserError``: its caller records the gap as a note and goes on, so it
+    never reaches an entry point."""
+
+
 def first_line(exc: BaseException) -> str:
     """An exception's message as one line (its type's name when it has none)."""
     text = str(exc).strip()

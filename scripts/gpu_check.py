@@ -220,7 +220,7 @@ def roofline_report(rows, device_id, shape_of) -> dict:
     """The roofline's errors on the timings: datasheet (uncalibrated) first, then fitted on part, tested on the rest."""
     try:
         sys.path.insert(0, str(ROOT))
-        from disco.costs import roofline
+        from disco.costs import roofline, roofline_fit
         from disco.errors import UserError
     except Exception as exc:  # noqa: BLE001
         print(f"roofline comparison skipped: disco could not be imported ({type(exc).__name__}: {exc})")
@@ -230,13 +230,13 @@ def roofline_report(rows, device_id, shape_of) -> dict:
     for kind, points in rows.items():
         graphs = kind == "graph"
         costs = roofline.RooflineCosts(device_id, "bf16", graphs, None, shape["target"], shape["assistant"])
-        errs = roofline.prediction_errors(costs, points)
+        errs = roofline_fit.prediction_errors(costs, points)
         print(f"roofline vs {kind} passes, {costs.label}: median {errs['median_abs_pct']:.1f}% "
               f"worst {errs['worst_abs_pct']:.1f}% over {errs['n']} passes")
         report[kind] = {"datasheet": errs, "held_out": {}}
-        for split in roofline.SPLITS:
+        for split in roofline_fit.SPLITS:
             try:
-                held = roofline.held_out_report(points, split, shape["target"], shape["assistant"], device_id,
+                held = roofline_fit.held_out_report(points, split, shape["target"], shape["assistant"], device_id,
                                                 fmt="bf16", graphs=graphs)
             except UserError as exc:
                 print(f"  fitted ({split}): skipped ({exc})")

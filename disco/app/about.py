@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from disco.policies import policy_kinds
+
 ABOUT_PATH = Path(__file__).with_name("about.md")
 
 
 def policy_table_md() -> str:
     """The About tab's table of policies, read from each kind's metadata (disco.policies)."""
-    from disco.policies import policy_kinds
-
     rows = ["| policy | spec | what it does | from |", "|---|---|---|---|"]
     for cls in policy_kinds():
         rows.append(f"| {cls.kind} | `{cls.template()}` | {cls.summary} | {cls.cite or '—'} |")

@@ -341,7 +341,7 @@ def all_figures(frame: pd.DataFrame, strategies: list[str] | None = None) -> tup
 
 
 # ------------------------------------------------------------------------------------------------
-# "This machine": the cost profile (input: ``disco.profile.Profile.to_dict()``, plain data)
+# "This machine": the cost profile (input: ``disco.costs.profile.Profile.to_dict()``, plain data)
 
 PRECISION_COLORS = {"model": "#0072b2", "int8": "#009e73", "q4_0": "#cc79a7"}
 ENGINE_COLORS = {"torch": "#d55e00", "llamacpp": "#117733"}

@@ -17,14 +17,13 @@ import importlib.util
 import os
 from typing import Callable
 
+from disco.limits import Budgets
 
 WARMUP_S = 60
 
 
 def profile_seconds() -> float:
     """How long one background profile call may hold the GPU: twice a run's budget, at least two minutes."""
-    from disco.limits import Budgets
-
     return max(120.0, 2 * Budgets.from_env().run_s)
 
 

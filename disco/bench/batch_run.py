@@ -18,7 +18,7 @@ from disco.bench.batch_answer import answer, band_markdown, band_table, heatmaps
 from disco.bench.cached import find_cached
 from disco.costs import model as cost_model
 from disco.costs import profile as profiles
-from disco.costs import roofline
+from disco.costs import roofline_fit
 from disco.costs.batched import resolve_batched
 from disco.errors import BenchError
 from disco.suites import pick, split_of, split_prompts
@@ -46,7 +46,7 @@ def _band(profile: str, by_split: dict, study: BatchStudy, cfg, nominal) -> "pd.
     """The answer under every model of the roofline's band (closed loop, one seed each; ``disco.costs.roofline``)."""
     answers = {"nominal": nominal}
     quick = dataclasses.replace(study, rates=(), seeds=1)
-    for model in roofline.band(profile)[1:]:
+    for model in roofline_fit.band(profile)[1:]:
         _log(f"batch: band model {model.note} ...")
         answers[model.note] = answer(run_study(by_split, model, profile, quick, cfg.max_new_tokens, False))
     return band_table(answers)

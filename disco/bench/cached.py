@@ -9,7 +9,12 @@ import logging
 import sys
 from pathlib import Path
 
+from disco import cache
+from disco.bench.build import cached_rows, merge_cluster_rows, prompts_frame
 from disco.bench.prompts import Fitting, history_sha, table_matches
+from disco.bench.report import write_reports
+from disco.bench.runs import environment, replay_grid
+from disco.costs import model as cost_mod
 from disco.costs.model import flat
 from disco.replay.run import replay_many
 from disco.replay.tables import ChainMissing, ReplayError, ReplayTable, cached_table_paths
@@ -73,12 +78,6 @@ def recost_cached(cfg, picked, prompts: list[SuitePrompt], specs: list, profile_
     import time
 
     import pandas as pd
-
-    from disco import cache
-    from disco.bench.build import cached_rows, merge_cluster_rows, prompts_frame
-    from disco.bench.report import write_reports
-    from disco.bench.runs import environment, replay_grid
-    from disco.costs import model as cost_mod
 
     def _log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

@@ -37,8 +37,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import disco
 from disco import cache
+from disco.bench.cached import find_cached, holds_grid
+from disco.bench.prompts import PromptEncoder, PromptSkipped
+from disco.bench.runs import prepare_table
 from disco.errors import BenchError, UserError, first_line
+from disco.models import load_resolved
+from disco.replay.tables import MACHINE_KEYS, cached_table_paths
 
 ATTEMPTS = 3          # tries per question before the run stops with the last error
 LOCAL = "local"
@@ -82,16 +88,12 @@ class TableWorker:
         import torch
 
         torch.set_num_threads(threads)
-        from disco.models import load_resolved
-
         self.pair = load_resolved(spec.models, spec.dtype, spec.device, spec.assistant_precision,
                                   log=lambda message: None, engine=spec.engine)
         self.pair.warmup()
 
     def identity(self) -> dict:
         """What the tables this worker builds are keyed by (``disco.replay.tables`` meta), and where it runs."""
-        from disco.replay.tables import MACHINE_KEYS
-
         info = {k: v for k, v in self.pair.describe().items() if k not in MACHINE_KEYS}
         return {"pair": info, "host": socket.gethostname(), "pid": os.getpid()}
 
@@ -100,9 +102,6 @@ class TableWorker:
         """The tables of one question (its prompts in order), built in a scratch folder that starts with the cached
         tables sent along (``existing``: file name -> text). Returns every file written and, per prompt, its build
         stats or why it was skipped."""
-        from disco.bench.prompts import PromptEncoder, PromptSkipped
-        from disco.bench.runs import prepare_table
-
         start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="disco-ray-") as scratch:
             folder = Path(scratch)
@@ -127,8 +126,6 @@ class TableWorker:
 
 def _runtime_env(cfg: ClusterConfig) -> dict:
     """Ships this checkout's ``disco`` package and the environment that changes what a table holds."""
-    import disco
-
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and k != "DISCO_LLAMA_THREADS"}
     runtime = {"py_modules": [str(Path(disco.__file__).parent)], "env_vars": env}
     extra = dict(cfg.runtime_env)
@@ -234,8 +231,6 @@ def _units(prompts: list) -> list[list]:
 
 def _existing(cache_dir: Path, unit: list) -> dict[str, str]:
     """The cached files of a question's tables (its earlier turns' too), sent along to be extended."""
-    from disco.replay.tables import cached_table_paths
-
     names = {q.id for p in unit for q in [*p.earlier_turns(), p]}
     return {path.name: path.read_text() for name in names for path in cached_table_paths(cache_dir, name)}
 
@@ -268,8 +263,6 @@ def build_tables(cfg: ClusterConfig, spec: PairSpec, prompts: list, policies: li
     ``policies`` need under a free assistant and each of ``costs`` (the run's own profile, where it is known without
     this machine's models), and what ``fill(table)`` reads (a picklable function, e.g. the classifier's samples);
     returns what it did."""
-    from disco.bench.cached import find_cached, holds_grid
-
     start = time.perf_counter()
     run = ClusterRun()
     want = {"models": spec.models, "engine": spec.engine, "dtype": spec.dtype,

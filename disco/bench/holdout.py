@@ -1,6 +1,6 @@
 """Train/test standing of every policy kind: parameters chosen on the train split, figures on the test split.
 
-The suite is split by prompt (``disco.suite.split_of``). For each kind, the setting with the best replay
+The suite is split by prompt (``disco.suites.split_of``). For each kind, the setting with the best replay
 geometric-mean speed-up on the train prompts is chosen, and its speed-up on the test prompts is reported
 beside the test figures of the train-chosen best static K and best fixed threshold and of the oracle
 (an upper bound, so no choice is involved). Nothing about a test prompt enters any choice.

@@ -36,9 +36,12 @@ import numpy as np
 
 from disco import cache
 from disco.bench.llama_peer import binary
+from disco.decode.live import Decoder
+from disco.decode.settings import DecodeSettings
 from disco.errors import UserError
 from disco.machine import cpu_info
-from disco.models import llama
+from disco.models import llama, numerics
+from disco.policies import Autoregressive
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +138,6 @@ def weight_bytes(path: Path) -> int:
 def ours_tokens_per_s(pair, reps: int = 3, chunk=None) -> float:
     """Our own target alone (the autoregressive lane through the engine, its per-token work included) decoding GEN
     tokens after a ~40-token prompt: the best of ``reps`` runs, decode only (the prefill iteration left out)."""
-    from disco.decode.live import Decoder
-    from disco.decode.settings import DecodeSettings
-    from disco.models import numerics
-    from disco.policies import Autoregressive
-
     prompt = numerics.context_ids(pair)[:DEPTH]
     best = 0.0
     for _ in range(reps):

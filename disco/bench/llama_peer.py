@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from disco.errors import MissingResult
 from disco.models import llama
 from disco.policies import Autoregressive, Policy
 
@@ -72,7 +73,7 @@ DECODED = re.compile(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds")
 ATTEMPTS = 4
 
 
-class NoStatistics(RuntimeError):
+class NoStatistics(MissingResult, RuntimeError):
     """llama.cpp's example exited every time before its logger printed the figures (a busy machine): the bench goes on
     without that peer row and its report says so."""
 

@@ -209,7 +209,7 @@ def timed_prompt(pair, prompt: SuitePrompt, ids: list[int], policies: list[Polic
             s = dict(first["summary"], seconds=seconds,
                      decode_seconds=statistics.median(r["summary"]["decode_seconds"] for r in runs))
             div = None
-            if identical is False and base["ours"]:  # explained from both runs' own logits (disco.divergence)
+            if identical is False and base["ours"]:  # explained from both runs' own logits (disco.decode.divergence)
                 div = explain_divergence(base["ours"][0]["tokens"], first["tokens"], first["dtype"])
             rows.append(run_row(prompt, spec, "timed", "ours", s, identical, ar_seconds, meta,
                              prompt_tokens=len(ids), reps=len(runs),

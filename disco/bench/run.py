@@ -12,7 +12,7 @@
 Outputs (``--out``): runs.csv, summary.csv, summary.md, theory.csv, validation.csv, heatmap.html,
 heatmap.svg (PNG needs kaleido, which is not a dependency), timed_iterations.csv, meta.json.
 
-This module runs the benchmark; the parts live by concept: ``disco.bench.suite`` (prompts), ``disco.costs``
+This module runs the benchmark; the parts live by concept: ``disco.suites`` (prompts), ``disco.costs``
 (per-pass costs and cost profiles), ``disco.bench.runs`` (the runs table, replay of one prompt),
 ``disco.bench.peer`` (timed runs and transformers' generate), ``disco.bench.analysis`` (speed-ups, theory,
 validation), ``disco.bench.heatmap``, ``disco.bench.report`` (the output files) and ``disco.bench.sweep``
@@ -33,12 +33,13 @@ import pandas as pd
 from disco import cache
 from disco.bench.analysis import REFERENCE_SETTING, TIME_TOLERANCE, best_settings, summarize_runs, theory_frame
 from disco.bench.build import build_here, encode_all, merge_cluster_rows, prompts_frame
+from disco.bench.cached import recost_cached
 from disco.bench.cluster import ClusterConfig, PairSpec, build_tables
 from disco.bench.peer import run_ours, timed_prompt, warm_up
 from disco.bench.prompts import Fitting, PromptEncoder
 from disco.bench.report import write_reports
 from disco.bench.runs import environment, replay_grid, run_row
-from disco.costs import measure as cost_measure, model as cost_mod
+from disco.costs import measure as cost_measure, model as cost_mod, profile as profiles
 from disco.costs.model import CostModel
 from disco.errors import BenchError
 from disco.models import load_pair, resolve_assistant
@@ -138,8 +139,6 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
         cluster = build_tables(cfg.cluster, cfg.pair_spec(), prompts, specs, cfg.max_new_tokens, cfg.fitting,
                                cache_dir, cfg.progress, _log, costs=known)
     if profile_name != cost_mod.MEASURED and pair is None:
-        from disco.bench.cached import recost_cached
-
         result = recost_cached(cfg, picked, prompts, specs, profile_name, cluster)
         if result is not None:
             return result
@@ -202,8 +201,6 @@ def _run_loaded(cfg: BenchConfig, pair, picked: Picked, prompts: list[SuitePromp
 
 def _profile_costs(cfg: BenchConfig, pair, meta: dict) -> CostModel | None:
     """This machine's cached cost profile for the pair and engine, as the app's races use it (None without one)."""
-    from disco.costs import profile as profiles
-
     prof = profiles.latest(cfg.models, pair)
     if prof is None or not prof.precisions:
         _log("no cost profile of this machine for this engine yet (python -m disco profile): the timed runs carry no "

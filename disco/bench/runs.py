@@ -13,6 +13,7 @@ from disco.machine import cpu_info, flags_line
 from disco.models.keys import machine_key
 from disco.errors import UserError
 from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
+from disco.policies.classifier import weights_summary
 from disco.replay.run import replay_many
 from disco.replay.tables import build_table
 from disco.suites import SuitePrompt
@@ -41,8 +42,6 @@ def environment(pair, info: dict | None = None) -> dict:
                 cpu=cpu_info()["cpu"], cpu_flags=" ".join(cpu_info()["flags"]),
                 onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
                 machine=flags_line(machine_key("-", "cpu", engine)))
-    from disco.policies.classifier import weights_summary
-
     info["disco_classifier"] = weights_summary()
     return info
 

@@ -24,12 +24,22 @@ import time
 
 import pandas as pd
 
-from disco.bench.analysis import REFERENCE_SETTING, geomean
+from disco import cache, options, suites
+from disco.bench import cluster, prompts as prompt_fit
+from disco.bench.analysis import REFERENCE_SETTING, best_settings, geomean, summarize_runs
+from disco.bench.prompts import PromptEncoder, PromptSkipped
+from disco.bench.runs import environment, prepare_table, replay_rows
+from disco.costs import measure as cost_measure, model as cost_mod
 from disco.costs.model import CostModel
 from disco.decode.live import Decoder
 from disco.decode.race import lane_pair
 from disco.decode.settings import DecodeSettings
-from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
+from disco.errors import BenchError
+from disco.models import load_resolved
+from disco.models.turns import COMPUTE_LOCK
+from disco.policies import AUTOREGRESSIVE, KMAXES, STATIC_KS, TAUS, Policy, parse_strategy
+from disco.policies.grids import default_grid
+from disco.replay.run import replay_many
 from disco.suites import SuitePrompt
 
 TEMPERATURES = (0.7, 1.0)
@@ -70,8 +80,6 @@ def run_study(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_
               encoder=None) -> pd.DataFrame:
     """Every (prompt, temperature, seed, policy) run once, the target alone included; one row each. ``encoder``
     (``disco.bench.prompts.PromptEncoder``) gives each prompt's ids (default: one without a cache)."""
-    from disco.bench.prompts import PromptEncoder
-
     encoder = encoder or PromptEncoder(pair, max_new_tokens, None)
     specs = [p.spec for p in policies]
     if AUTOREGRESSIVE not in specs:
@@ -166,16 +174,13 @@ def summary_md(table: pd.DataFrame, meta: dict) -> str:
 def add_command(sub) -> None:
     from pathlib import Path
 
-    from disco import options, suites
-    from disco.bench import cluster, prompts
-
     p = sub.add_parser("sampling", help="the seed's question under sampling: live sampled runs of the settings greedy "
                                         "replay ranks best, several temperatures and seeds",
                        description=__doc__.split("\n\n")[0])
     options.add_models(p)
     options.add_numerics(p)
     suites.add_arguments(p)
-    prompts.add_arguments(p)
+    prompt_fit.add_arguments(p)
     cluster.add_arguments(p)
     p.add_argument("--max-new-tokens", type=options.positive, default=48, help="tokens per run (default 48)")
     p.add_argument("--temperatures", type=options.number_list(float), default=list(TEMPERATURES),
@@ -195,9 +200,6 @@ def add_command(sub) -> None:
 
 def choice_grid() -> list[Policy]:
     """What greedy replay ranks on the train prompts to choose the study's settings: static K and τ × KMAX."""
-    from disco.policies import KMAXES, STATIC_KS, TAUS
-    from disco.policies.grids import default_grid
-
     return default_grid(STATIC_KS, TAUS, KMAXES, heuristic=(), oracle=False, kinds=())
 
 
@@ -205,11 +207,6 @@ def _choose(pair, prompts, max_new_tokens: int, costs: dict[str, CostModel], cac
             encoder) -> dict[str, list[str]]:
     """Per cost profile, the best static K and the best threshold of greedy replay on ``prompts`` (the train split);
     the tables come from (and go to) ``cache_dir``, so a benchmark's tables are reused."""
-    from disco.bench.analysis import best_settings, summarize_runs
-    from disco.bench.prompts import PromptSkipped
-    from disco.bench.runs import prepare_table, replay_rows
-    from disco.replay.run import replay_many
-
     grid = choice_grid()
     tables = []
     for i, p in enumerate(prompts):
@@ -231,8 +228,6 @@ def _choose(pair, prompts, max_new_tokens: int, costs: dict[str, CostModel], cac
 
 def _fitting(prompts: list[SuitePrompt], encoder, log) -> list[SuitePrompt]:
     """The prompts the length rule keeps (the others named once)."""
-    from disco.bench.prompts import PromptSkipped
-
     kept = []
     for p in prompts:
         try:
@@ -241,8 +236,6 @@ def _fitting(prompts: list[SuitePrompt], encoder, log) -> list[SuitePrompt]:
         except PromptSkipped as exc:
             log(f"skipped {exc}")
     if not kept:
-        from disco.errors import BenchError
-
         raise BenchError("no test prompt fits the context or the prompt budget (see --long-prompts)")
     return kept
 
@@ -250,14 +243,6 @@ def _fitting(prompts: list[SuitePrompt], encoder, log) -> list[SuitePrompt]:
 def cmd_sampling(args) -> int:
     import json
     import sys
-
-    from disco import cache, options, suites
-    from disco.bench import cluster, prompts as prompt_fit
-    from disco.bench.runs import environment
-    from disco.costs import measure as cost_measure, model as cost_mod
-    from disco.errors import BenchError
-    from disco.models import load_resolved
-    from disco.models.turns import COMPUTE_LOCK
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from disco.costs import model as cost_model
+from disco.costs import roofline
 from disco.costs.model import CostModel, CostProfileError
 
 MAX_BATCH = 1024
@@ -189,9 +190,7 @@ def resolve_batched(name: str, measured: CostModel | None = None, step_ms: float
     (a batched grid when it has a ``batch`` column, else its batch-1 curve), ``roofline:DEVICE[:FORMAT]``, or
     ``measured`` (``measured``: this machine's batch-1 CostModel, read as a token curve)."""
     if name.startswith("roofline:"):
-        from disco.costs.roofline import roofline_costs  # lazy: the roofline reads its devices file on import
-
-        return roofline_costs(name)
+        return roofline.roofline_costs(name)
     if name.startswith("flat:"):
         return FlatBatch(float(name.split(":", 1)[1]), step_ms or cost_model.NOMINAL_STEP_MS)
     if name == cost_model.MEASURED:

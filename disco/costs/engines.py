@@ -68,12 +68,9 @@ def decide(profiles: list, prompt_tokens: int = PROMPT_TOKENS, new_tokens: int =
             "engines": {e: {**f, "run_ms": run_ms(f, prompt_tokens, new_tokens)} for e, f in figs.items()}}
 
 
-def update(models: str, device: str = "cpu") -> dict | None:
-    """Decide from the profiles cached for both engines and keep the decision for ``auto`` (None while one is
-    missing)."""
-    from disco.costs import profile as profiles
-
-    found = [p for p in (profiles.latest_for(models, e, device) for e in ("llamacpp", "torch")) if p is not None]
+def update(models: str, found: list, device: str = "cpu") -> dict | None:
+    """Decide from the profiles ``found`` for this pair (``disco.costs.profile.save`` passes the newest one cached
+    for each engine) and keep the decision for ``auto`` (None while one engine is missing)."""
     decision = decide(found)
     if decision is not None:
         engine_choice.save(models, decision, device)

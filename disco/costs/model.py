@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from disco.errors import UserError, first_line
+from disco.costs import roofline
+from disco.costs.errors import CostProfileError
+from disco.errors import first_line
 from disco.models.timing import interpolate
 
 MEASURED = "measured"
@@ -33,10 +35,6 @@ PRESETS = (MEASURED, "flat:0.05", "flat:0.1", "flat:0.2", "flat:0.4")
 FLAT_C_MAX = 10.0
 NOMINAL_STEP_MS = 100.0  # a flat profile's target step when nothing was measured (speed-ups do not depend on it)
 CSV_COLUMNS = ["role", "precision", "kind", "tokens", "ms"]
-
-
-class CostProfileError(UserError, ValueError):
-    """A cost profile that cannot be parsed or read (one line for the user)."""
 
 
 QUIET_TOLERANCE = 0.10  # a run whose own clock is this far off its records' quiet cost ran on a busy (or changed) machine
@@ -124,9 +122,7 @@ def check_profile(text: str | None) -> str:
     if text.startswith("flat:"):
         return f"flat:{_flat_c(text):g}"
     if text.startswith("roofline:"):
-        from disco.costs.roofline import check_roofline  # lazy: the device file is read only when a roofline is named
-
-        return check_roofline(text)
+        return roofline.check_roofline(text)
     path = Path(text)
     if path.suffix.lower() != ".csv":
         raise CostProfileError(f"unknown cost profile {text!r}: expected measured, flat:C (e.g. flat:0.05), "
@@ -243,6 +239,14 @@ def batch_one(rows: list[dict], source: str) -> list[dict]:
     return kept
 
 
+def roofline_model(costs, context: int = 512) -> CostModel:
+    """A device's roofline (``disco.costs.roofline``) as a batch-1 CostModel: one row of n tokens on ``context`` cached
+    ones, for every batch-1 path (the Race, the Sweep, bench without --batch)."""
+    return CostModel([(n, costs.target_ms([n], [context])) for n in roofline.BATCH1_TOKENS],
+                     [(n, costs.assistant_ms([n], [context])) for n in roofline.BATCH1_TOKENS],
+                     {"profile": costs.profile, "label": costs.label, "context": context})
+
+
 def read_csv(path: str | Path, precision: str | None = None) -> CostModel:
     return from_rows(batch_one(csv_rows(path), str(path)), precision, source=str(path))
 
@@ -265,7 +269,5 @@ def resolve(profile: str | None, measured=None, precision: str | None = None, st
     if name.startswith("flat:"):
         return flat(_flat_c(name), step_ms or NOMINAL_STEP_MS)
     if name.startswith("roofline:"):
-        from disco.costs.roofline import batch1_cost_model, roofline_costs  # lazy: as in check_profile
-
-        return batch1_cost_model(roofline_costs(name))
+        return roofline_model(roofline.roofline_costs(name))
     return read_csv(name, precision)

@@ -25,11 +25,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from disco import cache
+from disco.costs import engines
+from disco.costs.model import CostModel
 from disco.errors import UserError
 from disco.machine import flags_line, key_hash
 from disco.models.keys import machine_key
 from disco.models.timing import interpolate
-from disco.policies import REFERENCE, STATIC_KS, spec_kind, split_precision
+from disco.policies import REFERENCE, STATIC_KS, export, parse_strategy, spec_kind, split_precision
 from disco.theory import expected_tokens
 
 FORMAT = 1
@@ -72,8 +74,6 @@ class Profile:
 
     def cost_model(self, precision: str):
         """The replay cost model for one assistant precision (verification + prefill points)."""
-        from disco.costs.model import CostModel
-
         target = {**self.target_ms, **self.target_prefill_ms}
         assistant = {**self.assistant_ms[precision], **self.assistant_prefill_ms.get(precision, {})}
         meta = {"source": "profile", "dtype": self.dtype, "assistant_precision": precision, **self.key}
@@ -175,9 +175,6 @@ class Profile:
         """The recommended setting (and the best speculative one where the target alone is recommended) as
         configuration for transformers, llama.cpp and vLLM (``disco.policies.export``), with vLLM's batch-size table
         modelled from this profile."""
-        from disco.policies import parse_strategy
-        from disco.policies.export import take_away
-
         out = []
         for key in ("auto", "best_speculative"):
             spec = self.recommended.get(key)
@@ -185,7 +182,7 @@ class Profile:
                 continue
             base, precision = split_precision(spec)
             table = self.batch_table(precision) if precision in self.assistant_ms else None
-            out.append({"setting": spec, "role": key, **take_away(parse_strategy(base), table or None)})
+            out.append({"setting": spec, "role": key, **export.take_away(parse_strategy(base), table or None)})
         return out
 
     @classmethod
@@ -285,9 +282,9 @@ def save(profile: Profile, root=None) -> Path | None:
     path = path_for(profile.key, profile.dtype, profile.prompts, profile.max_new_tokens, root)
     written = cache.write_json(path, profile.to_dict())
     if root is None and not profile.preliminary:
-        from disco.costs import engines
-
-        engines.update(profile.key.get("models", ""), profile.key.get("device", "cpu"))
+        models, device = profile.key.get("models", ""), profile.key.get("device", "cpu")
+        found = [p for p in (latest_for(models, e, device) for e in ("llamacpp", "torch")) if p is not None]
+        engines.update(models, found, device)
     return written
 
 
@@ -297,7 +294,5 @@ def auto_policy(profile: Profile | None, assistant: str | None = None):
     if profile is None or "auto" not in profile.recommended:
         raise ProfileError("the 'auto' lane needs this machine's profile, which is not measured yet "
                            "(python -m disco profile measures it; the app does so in the background)")
-    from disco.policies import parse_strategy
-
     base, precision = split_precision(profile.recommended["auto"])
     return parse_strategy(base).drafting_with(assistant or precision)

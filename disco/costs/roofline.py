@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from disco.costs.model import CostModel, CostProfileError
+from disco import cache, machine
+from disco.costs.errors import CostProfileError
+from disco.costs.shapes import ASSISTANT_SHAPE, TARGET_SHAPE, ModelShape, shape_from_gguf  # noqa: F401
 from disco.errors import first_line
 
 DEVICES_FILE = Path(__file__).with_name("devices.json")
@@ -42,73 +44,6 @@ RANGED = ("kernel_us_graph", "kernel_us_eager", "host_ms_per_iteration")
 
 # ---------------------------------------------------------------------------------------------
 # shapes and weight formats
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a decoder-only transformer's pass costs depend on (Qwen2/Llama layout, SwiGLU MLP, grouped KV heads)."""
-
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied_embeddings: bool = True
-
-    @classmethod
-    def from_hf_config(cls, config: Mapping) -> "ModelShape":
-        """From a transformers config dict (``config.json`` of a Qwen2/Llama-style model)."""
-        try:
-            heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
-            return cls(int(config["num_hidden_layers"]), hidden, int(config["intermediate_size"]), heads,
-                       int(config.get("num_key_value_heads") or heads), int(config.get("head_dim") or hidden // heads),
-                       int(config["vocab_size"]), bool(config.get("tie_word_embeddings", False)))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CostProfileError(f"model config lacks or garbles a shape field ({first_line(exc)})") from None
-
-    @property
-    def params(self) -> int:
-        """Weights (embedding counted once when tied; norms and biases left out)."""
-        attn = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim + self.heads * self.head_dim * self.hidden
-        head = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.layers * (attn + 3 * self.hidden * self.intermediate) + head
-
-
-TARGET_SHAPE = ModelShape(28, 1536, 8960, 12, 2, 128, 151936, True)  # Qwen2.5-Coder-1.5B-Instruct
-ASSISTANT_SHAPE = ModelShape(24, 896, 4864, 14, 2, 64, 151936, True)  # Qwen2.5-Coder-0.5B-Instruct
-
-
-def _gguf_value(reader, key: str):
-    found = reader.fields.get(key)
-    if found is None:
-        return None
-    part = found.parts[found.data[0]]
-    return bytes(part).decode("utf-8") if found.types and found.types[0].name == "STRING" else part[0]
-
-
-def shape_from_gguf(path) -> ModelShape:
-    """A GGUF's shape from its metadata (``ARCH.block_count``, ``ARCH.embedding_length``, ...); the vocabulary is the
-    token list's length. The file's weight format is not read: on a roofline it is a setting."""
-    try:
-        import gguf
-    except ImportError:
-        raise CostProfileError("reading a GGUF's shape needs the gguf package") from None
-    try:
-        reader = gguf.GGUFReader(str(path))
-        arch = _gguf_value(reader, "general.architecture")
-        get = lambda key: _gguf_value(reader, f"{arch}.{key}")  # noqa: E731
-        heads, hidden = int(get("attention.head_count")), int(get("embedding_length"))
-        tokens = reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(tokens.data) if tokens is not None else int(get("vocab_size"))
-        tied = not any(t.name == "output.weight" for t in reader.tensors)
-        kv_heads = int(get("attention.head_count_kv") or heads)
-        head_dim = int(get("attention.key_length") or hidden // heads)
-        return ModelShape(int(get("block_count")), hidden, int(get("feed_forward_length")), heads, kv_heads, head_dim,
-                          vocab, tied)
-    except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
-        raise CostProfileError(f"{path}: no model shape in this GGUF ({first_line(exc)})") from None
 
 
 @dataclass(frozen=True)
@@ -407,8 +342,6 @@ def roofline_costs(profile_text, target_shape: ModelShape | None = None, assista
     entry, fmt = _parse(profile_text, devices)
     calibrated = False
     if entry["id"] == "this" and factors is None and devices is None:
-        from disco.costs.roofline_fit import fitted_this  # lazy: roofline_fit imports this module at load time
-
         fitted = fitted_this()  # ``profile --fit-roofline`` on this CPU, if it ran
         if fitted is not None:
             factors, calibrated = fitted[0], True
@@ -416,19 +349,19 @@ def roofline_costs(profile_text, target_shape: ModelShape | None = None, assista
                          assistant_shape or ASSISTANT_SHAPE, calibrated=calibrated)
 
 
-def batch1_cost_model(costs: RooflineCosts, context: int = 512) -> CostModel:
-    """The device as a batch-1 CostModel (one row of n tokens on ``context`` cached ones), for every batch-1 path."""
-    return CostModel([(n, costs.target_ms([n], [context])) for n in BATCH1_TOKENS],
-                     [(n, costs.assistant_ms([n], [context])) for n in BATCH1_TOKENS],
-                     {"profile": costs.profile, "label": costs.label, "context": context})
+def fit_path() -> Path:
+    """Where this machine's fitted ``this`` factors are kept: one file per CPU (model and flags)."""
+    return cache.machine_dir() / f"roofline-this-{machine.key_hash(machine.cpu_info())}.json"
 
 
-FIT_NAMES = ("band", "fit", "held_out_report", "split_points", "prediction_errors", "predict", "SPLITS")
-
-
-def __getattr__(name):
-    """The uncertainty half (``band``, ``fit``, ``held_out_report``, ...) lives in ``disco.costs.roofline_fit``."""
-    if name in FIT_NAMES:
-        from disco.costs import roofline_fit  # lazy: roofline_fit imports this module at load time
-        return getattr(roofline_fit, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def fitted_this() -> tuple[dict, str] | None:
+    """(factors, where they were fitted) of ``this`` on this CPU, or None when ``profile --fit-roofline`` never ran
+    here (``roofline:this`` is then uncalibrated)."""
+    data = cache.read_json(fit_path())
+    if not isinstance(data, dict) or not isinstance(data.get("factors"), dict):
+        return None
+    try:
+        factors = {n: float(data["factors"][n]) for n in UNCERTAIN_FACTORS}
+    except (KeyError, TypeError, ValueError):
+        return None
+    return factors, str(data.get("source", "measured passes"))

@@ -19,9 +19,9 @@ import statistics
 from typing import Mapping
 
 from disco import cache, machine
-from disco.costs.model import CostProfileError
+from disco.costs.errors import CostProfileError
 from disco.costs.roofline import (ASSISTANT_SHAPE, TARGET_SHAPE, UNCERTAIN_FACTORS, ModelShape, RooflineCosts,
-                                  factor_ranges, roofline_costs)
+                                  factor_ranges, fit_path, roofline_costs)
 from disco.errors import first_line
 
 SPLITS = ("small-to-large", "context", "target-to-assistant")
@@ -156,28 +156,10 @@ def held_out_report(points, split: str, shape_target=None, shape_assistant=None,
             **prediction_errors(fitted, [pts[i] for i in test])}
 
 
-def fit_path() -> Path:
-    """Where this machine's fitted ``this`` factors are kept: one file per CPU (model and flags)."""
-    return cache.machine_dir() / f"roofline-this-{machine.key_hash(machine.cpu_info())}.json"
-
-
 def save_fit(factors: dict, report: dict, source: str) -> Path | None:
     return cache.write_json(fit_path(), {"factors": factors, "source": source, "cpu": machine.cpu_info(),
                                          "median_abs_pct": report.get("median_abs_pct"),
                                          "worst_abs_pct": report.get("worst_abs_pct")})
-
-
-def fitted_this() -> tuple[dict, str] | None:
-    """(factors, where they were fitted) of ``this`` on this CPU, or None when ``profile --fit-roofline`` never ran
-    here (``roofline:this`` is then uncalibrated)."""
-    data = cache.read_json(fit_path())
-    if not isinstance(data, dict) or not isinstance(data.get("factors"), dict):
-        return None
-    try:
-        factors = {n: float(data["factors"][n]) for n in UNCERTAIN_FACTORS}
-    except (KeyError, TypeError, ValueError):
-        return None
-    return factors, str(data.get("source", "measured passes"))
 
 
 def points_from_rows(rows: list[dict], layout: str | None = None) -> list[dict]:

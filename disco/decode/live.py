@@ -152,7 +152,7 @@ class Decoder(CoreView):
 
     def commit(self, core: IterationCore, new: list[int], steps, accepted: int, rejected: bool, iteration: int) -> None:
         """Per-token records, with the target's view of each emitted position (its logit for the token and the
-        runner-up): what makes a greedy divergence between two runs explainable (disco.divergence)."""
+        runner-up): what makes a greedy divergence between two runs explainable (disco.decode.divergence)."""
         logits = self._logits
         out_len = core.out_len - len(new)
         top_logits, top_ids = torch.topk(logits[: len(new)], k=min(2, logits.shape[-1]), dim=-1)

@@ -14,12 +14,14 @@ from typing import Callable, Iterator
 
 import pandas as pd
 
+from disco.costs.measure import cached_costs
 from disco.decode.divergence import explain
 from disco.decode.live import Decoder, greedy_continuation
 from disco.decode.settings import DecodeSettings
 from disco.decode.trace import iterations_frame, position_acceptance, summarize, tokens_frame
 from disco.errors import InputError, Interrupted
 from disco.models.pair import encode_prompt
+from disco.models.precision import PrecisionError
 from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
 
 
@@ -54,8 +56,6 @@ def lane_pair(pair, policy: Policy):
     """The pair view a lane decodes with: its ``@precision`` assistant, or the pair's own default."""
     if not policy.uses_assistant or policy.assistant_precision in (None, pair.assistant_precision):
         return pair
-    from disco.models.precision import PrecisionError
-
     try:
         return pair.with_assistant(policy.assistant_precision)
     except PrecisionError as exc:
@@ -142,8 +142,6 @@ def lane_costs(pair, policy: Policy, prompt_ids: list[int], costs_for: Callable 
         return None
     model = costs_for(pair.assistant_precision) if costs_for is not None else None
     if model is None:
-        from disco.costs.measure import cached_costs
-
         model = cached_costs(pair, [prompt_ids], kmax=max(getattr(policy, "k", 1), 1), reps=1)
     return model
 

@@ -68,7 +68,7 @@ class TokenRecord:
     iteration: int
     target_logit: float = math.nan   # the target's logit for this token, as this run computed it
     runner_up_id: int = -1           # the target's second-ranked token at this position in this run
-    runner_up_logit: float = math.nan  # ... and its logit (explains a divergence: see disco.divergence)
+    runner_up_logit: float = math.nan  # ... and its logit (explains a divergence: see disco.decode.divergence)
 
 
 ITERATION_COLUMNS = [f.name for f in fields(IterationRecord)]

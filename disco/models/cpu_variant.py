@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from disco.errors import UserError
+
 VARIANT_ENV = "DISCO_LLAMA_CPU_VARIANT"
 OPT_IN = frozenset({"sapphirerapids"})  # built, chosen only when named (see the module's text)
 _FILE = re.compile(r"^libggml-cpu-(?P<name>[A-Za-z0-9_.]+)\.so$")
@@ -37,7 +39,7 @@ _FILE = re.compile(r"^libggml-cpu-(?P<name>[A-Za-z0-9_.]+)\.so$")
 log = logging.getLogger(__name__)
 
 
-class VariantError(RuntimeError):
+class VariantError(UserError, RuntimeError):
     """The named variant is not built here or this CPU cannot run it; or none of the built ones runs here."""
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from disco import cache
-from disco.models import llama
+from disco.models import llama, precision as prec
 from disco.models.pair import ModelLoadError, Tokenized
 
 MODEL = "model"
@@ -115,8 +115,6 @@ class GGUFPair(Tokenized):
     def with_assistant(self, precision: str) -> "GGUFPair":
         """This pair drafting with the assistant in ``precision`` (``model`` or ``q4_0``): a view sharing the target
         and the tokenizer; the Q4_0 file is made once (llama.cpp's quantizer, ~3 s) and kept in the cache."""
-        from disco.models import precision as prec
-
         name = prec.check(precision, self.device, engine=self.engine)
         views = self._shared["views"]
         with self._shared["lock"]:

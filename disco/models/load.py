@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from disco import hub
-from disco.models import engine_choice
 from disco.errors import first_line
+from disco.models import embedded, engine_choice, gguf_pair, llama, numerics as calibration, precision as prec
 from disco.models.pair import ModelLoadError, ModelPair
 from disco.models.tiny import build_tiny_models, build_tiny_tokenizer
 
@@ -42,8 +42,6 @@ def is_gguf_pair(spec: str) -> bool:
 def resolve_engine(engine: str | None, spec: str, device: str = "auto", dtype: str = "auto") -> str:
     """``torch`` or ``llamacpp`` for ``spec`` (see the module doc); a clear ModelLoadError where the asked engine
     cannot run this pair."""
-    from disco.models import llama
-
     engine = (engine or os.environ.get(ENGINE_ENV, "") or "auto").strip().lower()
     if engine not in ENGINES:
         raise ModelLoadError(f"unknown engine {engine!r}: use {', '.join(ENGINES)}")
@@ -142,8 +140,6 @@ def _load_folders(name: str, target_id: str, assistant_id: str, dtype: torch.dty
 
 
 def _load_embedded(dtype: torch.dtype, device: torch.device, progress: bool, log) -> ModelPair:
-    from disco.models import embedded
-
     try:
         folders = embedded.prepare(progress=progress, log=log)
     except embedded.EmbeddedError as exc:
@@ -154,8 +150,6 @@ def _load_embedded(dtype: torch.dtype, device: torch.device, progress: bool, log
 
 
 def _load_gguf(spec: str, folders, progress: bool, log):
-    from disco.models import embedded, gguf_pair
-
     if spec == EMBEDDED:
         try:
             files = embedded.prepare_gguf(progress=progress, log=log)
@@ -222,8 +216,6 @@ def load_pair(spec: str = EMBEDDED, dtype: str = "auto", device: str = "auto", p
     machine and pair, or a calibration of the loaded models (~20-40 s once; then cached). The tiny pair is fp32.
     On llama.cpp the GGUF's own types are used and the measurement only chooses the assistant precision.
     """
-    from disco.models import numerics as calibration
-
     spec = spec.strip()
     folders = parse_models_spec(spec)
     if resolve_engine(engine, spec, device, dtype) == "llamacpp":
@@ -257,8 +249,6 @@ def load_resolved(models: str, dtype: str = "auto", device: str = "auto", assist
                   engine: str | None = None):
     """The pair a command runs: ``load_pair`` with its default assistant resolved (``resolve_assistant``). The engine
     and the assistant precision are checked before any model is loaded."""
-    from disco.models import precision as prec
-
     engine = resolve_engine(engine, models, device, dtype)
     prec.check(assistant, allow_auto=True, engine=engine)
     return resolve_assistant(load_pair(models, dtype=dtype, device=device, log=log, engine=engine), assistant, log=log)
@@ -267,8 +257,6 @@ def load_resolved(models: str, dtype: str = "auto", device: str = "auto", assist
 def resolve_assistant(pair: ModelPair, choice: str = "auto", log=None) -> ModelPair:
     """The pair with its default assistant: ``model``, ``int8``, or ``auto`` (the calibration's choice on a CPU;
     ``model`` on CUDA and for the tiny pair, whose timings mean nothing)."""
-    from disco.models import numerics as calibration, precision as prec
-
     name = prec.check(choice, pair.device, allow_auto=True, engine=pair.engine)
     if name == prec.AUTO:
         if pair.device.type != "cpu" or pair.name == TINY:
@@ -292,8 +280,6 @@ _GGUF_PAIRS: dict[tuple, object] = {}
 
 
 def _load_gguf_once(spec: str, folders, progress: bool, log):
-    from disco.models import llama
-
     key = (spec, llama.exact_mode(), llama.fast_prefill_mode(), llama.n_ctx(), llama.threads())
     with _LOCK:
         if key not in _GGUF_PAIRS:

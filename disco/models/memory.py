@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from disco.errors import UserError
+from disco.models import embedded
+from disco.models.load import EMBEDDED, TINY, parse_models_spec
+
 OVERHEAD = 1.25  # resident memory over the weights' bytes (embedded pair: 2.2 GiB for 1.6 GB of GGUF, 3.5 for 3.1)
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin")  # in a folder, the first format found is the one counted
 
@@ -83,7 +87,7 @@ def gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
-class NotPrepared(Exception):
+class NotPrepared(UserError):
     """The pair's weights for this engine are not on disk yet (a conversion or a join is needed first)."""
 
 
@@ -91,9 +95,6 @@ def pair_weights(spec: str, engine: str) -> list[Path] | None:
     """The weight files ``spec`` loads on ``engine`` (None where they cannot be known without loading: hub ids not in
     a local folder, the tiny pair built in code). Raises NotPrepared where the engine needs a one-time conversion that
     has not been made (the embedded pair on torch)."""
-    from disco.models import embedded
-    from disco.models.load import EMBEDDED, TINY, parse_models_spec
-
     spec = spec.strip()
     if spec == TINY:
         return None

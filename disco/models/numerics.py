@@ -31,6 +31,7 @@ import torch
 
 from disco import cache
 from disco.machine import flags_line, key_hash
+from disco.models.gguf_pair import PRECISIONS as GGUF_PRECISIONS
 from disco.models.keys import machine_key
 from disco.models import precision as prec
 from disco.models.pair import TorchSession
@@ -191,13 +192,11 @@ def calibrate_gguf(pair, models: str, reps: int = 3, log=None) -> Calibration:
     """The llama.cpp engine's numerics decision: the GGUF types are the model's own, so only the assistant precision
     is chosen. ``q4_0`` (re-quantized) is chosen where its step is at least 5 % cheaper and its first-draft
     agreement with the target is within ``AGREEMENT_MARGIN`` of the shipped assistant's."""
-    from disco.models.gguf_pair import PRECISIONS
-
     start = time.perf_counter()
     ctx = context_ids(pair)
     target = pass_costs(lambda: pair.session("target"), ctx, SIZES, reps)
     assistant_ms, agreement = {}, {}
-    for name in PRECISIONS:
+    for name in GGUF_PRECISIONS:
         view = pair.with_assistant(name)
         assistant_ms[name] = pass_costs(lambda: view.session("assistant"), ctx, (1,), reps + 2)[1]
         agreement[name] = _agreement(pair, view, ctx)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from disco.errors import InputError, Interrupted, UserError
+from disco.models import precision as prec
 from disco.models.background import in_pass, with_shutdown
 
 
@@ -178,8 +179,6 @@ class ModelPair(Tokenized):
     def with_assistant(self, precision: str) -> "ModelPair":
         """This pair with the assistant in ``precision`` (``model`` or ``int8``): a view sharing the target and
         tokenizer. The int8 variant is quantized once, on first use, and kept for every later view."""
-        from disco.models import precision as prec
-
         name = prec.check(precision, self.device)
         views = self._shared["views"]
         with self._shared["lock"]:

@@ -1,6 +1,6 @@
 """The policy protocol, typed parameters, the spec grammar and the registry of policy kinds.
 
-A policy answers three questions for the iteration core (``disco.core``) and nothing else:
+A policy answers three questions for the iteration core (``disco.decode.core``) and nothing else:
   * ``budget()``         the most tokens it will draft this iteration (before the length cap),
   * ``stop_after(step)`` whether to stop after a drafted token, given that ``DraftStep`` (the token is verified),
   * ``drop(step)``       whether to stop *without* that token (the oracle; AdaEDL's pre-sampling check),
@@ -68,7 +68,7 @@ class DraftStep:
 class RunContext:
     """What a run tells its policy before the first iteration (``Policy.bind``)."""
 
-    costs: Any = None                   # a disco.costs.CostModel, or None when no cost profile is known
+    costs: Any = None                   # a disco.costs.model.CostModel, or None when no cost profile is known
     reference: list[int] | None = None  # the target's greedy continuation (the oracle's knowledge)
     sample: bool = False
 

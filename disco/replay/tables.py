@@ -4,7 +4,7 @@ With greedy decoding the output is the target's own greedy continuation ``G`` of
 what the assistant drafts from any prefix ``prompt + G[:p]`` is deterministic: its greedy chain
 ``chain_p``. A table of ``G`` and those chains (each token with its probability) is therefore enough
 to replay every policy exactly: its iterations, drafted/accepted counts, stop reasons, target and
-assistant passes. Time is then estimated from per-pass costs (``disco.costs.CostModel``: measured
+assistant passes. Time is then estimated from per-pass costs (``disco.costs.model.CostModel``: measured
 on this machine, flat, or read from a CSV): one assistant pass and one target pass as functions of the tokens they are fed.
 
 Computing the table is the only expensive part, so it is done lazily and shares work:

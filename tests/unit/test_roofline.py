@@ -16,9 +16,10 @@ import pytest
 
 from disco.costs import roofline
 from disco.costs.model import CostModel, CostProfileError
-from disco.costs.roofline import (ASSISTANT_SHAPE, TARGET_SHAPE, UNCERTAIN_FACTORS, ModelShape, RooflineCosts, band,
-                                  batch1_cost_model, breakdown, check_roofline, fit, held_out_report, load_devices,
-                                  roofline_costs, split_points)
+from disco.costs.model import roofline_model as batch1_cost_model
+from disco.costs.roofline import (ASSISTANT_SHAPE, TARGET_SHAPE, UNCERTAIN_FACTORS, ModelShape, RooflineCosts,
+                                  breakdown, check_roofline, load_devices, roofline_costs)
+from disco.costs.roofline_fit import SPLITS, band, fit, held_out_report, split_points
 from disco.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,7 +182,7 @@ def synthetic(costs, batches=(1, 4, 16, 64), tokens=(1, 4, 16), contexts=(256, 2
 TRUE = {"bandwidth_efficiency": 0.7, "compute_efficiency": 0.6, "kernel_us": 3.0, "host_ms": 0.8}
 
 
-@pytest.mark.parametrize("split", roofline.SPLITS)
+@pytest.mark.parametrize("split", SPLITS)
 def test_held_out_splits_never_overlap_their_training_set(split):
     points = synthetic(roofline_costs("roofline:h100"))
     train, test = split_points(points, split)
