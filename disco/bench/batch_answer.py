@@ -81,9 +81,9 @@ def schedules(ans: pd.DataFrame, layout: str) -> dict:
     """The best static K and threshold per batch size as each engine's schedule (module docstring)."""
     rows = ans[ans["layout"] == layout].sort_values("batch")
     ks = {int(b): int(str(s).split(":")[1]) for b, s, p in zip(rows["batch"], rows["best_static"],
-                                                               rows["speculation_pays"]) if s and p}
+                                                               rows["speculation_pays"]) if isinstance(s, str) and p}
     off = no_speculation_from(ans, layout)
-    taus = {int(b): float(str(s).split(":")[1]) for b, s in zip(rows["batch"], rows["best_threshold"]) if s}
+    taus = {int(b): float(s.split(":")[1]) for b, s in zip(rows["batch"], rows["best_threshold"]) if isinstance(s, str)}
     vllm: dict = {"num_speculative_tokens_per_batch_size": {str(b): k for b, k in ks.items()}}
     if off is not None:
         vllm["disable_by_batch_size"] = off
@@ -164,8 +164,8 @@ def band_table(answers: dict[str, pd.DataFrame]) -> pd.DataFrame:
     rows = []
     for _, a in nominal.iterrows():
         same = [ans[(ans["layout"] == a.layout) & (ans["batch"] == a.batch)].iloc[0] for ans in answers.values()]
-        ks = [int(str(s.best_static).split(":")[1]) for s in same if s.best_static]
-        taus = [float(str(s.best_threshold).split(":")[1]) for s in same if s.best_threshold]
+        ks = [int(s.best_static.split(":")[1]) for s in same if isinstance(s.best_static, str)]
+        taus = [float(s.best_threshold.split(":")[1]) for s in same if isinstance(s.best_threshold, str)]
         pays = {bool(s.speculation_pays) for s in same}
         near = {bool(s.reference_near) for s in same}
         rows.append({"layout": a.layout, "batch": int(a.batch), "best_static": a.best_static,

@@ -20,6 +20,10 @@ from disco.costs import model as cost_model
 from disco.costs import profile as profiles
 from disco.costs import roofline_fit
 from disco.costs.batched import resolve_batched
+from disco.decode import acceptance
+from disco.decode.trace import iterations_frame
+from disco.policies import parse_strategy
+from disco.replay.run import replay
 from disco.errors import BenchError
 from disco.suites import pick, split_of, split_prompts
 
@@ -52,6 +56,18 @@ def _band(profile: str, by_split: dict, study: BatchStudy, cfg, nominal) -> "pd.
     return band_table(answers)
 
 
+def synthetic_acceptance(ans, by_split: dict, max_new_tokens: int) -> dict:
+    """For each static K the answer chose (any B, any layout): this pair's per-position unconditional acceptance on the
+    report split's prompts, as vLLM's ``speculative_config`` takes it to benchmark a deployment with this pair's
+    acceptance (``disco.decode.acceptance.vllm_speculative_config``)."""
+    tables = by_split.get("test") or next(iter(by_split.values()))
+    out = {}
+    for k in sorted({int(s.split(":")[1]) for s in ans["best_static"] if isinstance(s, str)}):
+        records = [r for t in tables for r in replay(t, parse_strategy(f"static:{k}"), max_new_tokens).records]
+        out[str(k)] = acceptance.vllm_speculative_config(iterations_frame(records), k)
+    return out
+
+
 def run_batch_bench(cfg, study: BatchStudy, run_bench) -> dict:
     """The study on ``cfg``'s suite: tables found in the cache (or built by ``run_bench(cfg)``), then replayed in batches
     under ``cfg.cost_profile``. Returns the files written and the answer."""
@@ -82,8 +98,9 @@ def run_batch_bench(cfg, study: BatchStudy, run_bench) -> dict:
              "markdown": out / "batch.md"}
     rows.to_csv(files["batch"], index=False)
     ans.to_csv(files["answer"], index=False)
-    files["schedules"].write_text(json.dumps({layout: schedules(ans, layout) for layout in ans["layout"].unique()},
-                                             indent=1) + "\n")
+    takeaway = {layout: schedules(ans, layout) for layout in ans["layout"].unique()}
+    takeaway["vllm_synthetic_acceptance"] = synthetic_acceptance(ans, by_split, cfg.max_new_tokens)
+    files["schedules"].write_text(json.dumps(takeaway, indent=1) + "\n")
     files["markdown"].write_text(markdown(rows, ans, costs.label, cfg.command))
     files["heatmaps"] = out / "batch_heatmaps.html"
     heatmaps(rows, costs.label).write_html(files["heatmaps"], include_plotlyjs="directory")

@@ -192,3 +192,17 @@ def test_profile_fit_roofline_reports_held_out_errors_and_calibrates_this(tmp_pa
     plain = tmp_path / "plain.csv"
     plain.write_text("role,precision,kind,tokens,ms\ntarget,model,step,1,10\nassistant,model,step,1,2\n")
     assert main(["profile", "--fit-roofline", str(plain)]) == 2
+
+
+def test_synthetic_acceptance_for_each_chosen_k_follows_vllms_rules():
+    from disco.bench.batch_run import synthetic_acceptance
+
+    tables = [synthetic_table(s) for s in range(4)]
+    ans = pd.DataFrame({"best_static": ["static:3", "static:5", None, "static:3"]})
+    out = synthetic_acceptance(ans, {"train": tables[:2], "test": tables[2:]}, 24)
+    assert sorted(out) == ["3", "5"]
+    for k, config in out.items():
+        rates = config["synthetic_acceptance_rates"]
+        assert config["num_speculative_tokens"] == int(k) == len(rates)
+        assert config["rejection_sample_method"] == "synthetic"
+        assert all(0 <= r <= 1 for r in rates) and rates == sorted(rates, reverse=True)
