@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from disco.costs.batched import BatchCosts, check_batch
+from disco.costs.batched import DRAFTERS, BatchCosts, check_batch
 from disco.errors import BenchError
 from disco.policies.classic import STATIC_KS
 from disco.replay.batched import BatchReplayError, Setting, goodput, metrics, request_stream, simulate
@@ -73,6 +73,7 @@ class BatchStudy:
     seeds: int = 3
     slo_factor: float = 2.0     # latency target: TPOT and TTFT within this factor of the target alone's at B = 1
     band: bool = True           # a roofline profile: also answer under every model of its uncertainty band
+    drafter: str = "assistant"  # or "head": a drafter that costs one target layer per token (a what-if)
 
     def __post_init__(self):
         try:
@@ -80,6 +81,8 @@ class BatchStudy:
         except ValueError as exc:
             raise BenchError(str(exc)) from None
         self.layouts = tuple(check_layout(x) for x in self.layouts)
+        if self.drafter not in DRAFTERS:
+            raise BenchError(f"unknown drafter {self.drafter!r}: expected {' or '.join(DRAFTERS)}")
         parse_rates(self.rates)
         if self.seeds < 1:
             raise BenchError("--batch-seeds must be >= 1")

@@ -35,7 +35,7 @@ def cmd_batch(args, cfg) -> int:
     study = BatchStudy(batches=tuple(args.batch or BATCHES), layouts=listed(args.layouts, LAYOUTS),
                        rates=listed(args.arrival_rates, RATES),
                        settings=listed(args.batch_settings, default_settings(args.static_ks or STATIC_KS)),
-                       requests=args.batch_requests, seeds=args.batch_seeds)
+                       requests=args.batch_requests, seeds=args.batch_seeds, drafter=args.drafter)
     result = run_batch_bench(cfg, study, run_bench)
     ans = result["answer"]
     print(f"wrote {cfg.out}/: " + ", ".join(sorted(p.name for p in result["files"].values())))

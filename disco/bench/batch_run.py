@@ -19,7 +19,7 @@ from disco.bench.cached import find_cached
 from disco.costs import model as cost_model
 from disco.costs import profile as profiles
 from disco.costs import roofline_fit
-from disco.costs.batched import resolve_batched
+from disco.costs.batched import resolve_batched, with_drafter
 from disco.decode import acceptance
 from disco.decode.trace import iterations_frame
 from disco.policies import parse_strategy
@@ -52,6 +52,7 @@ def _band(profile: str, by_split: dict, study: BatchStudy, cfg, nominal) -> "pd.
     quick = dataclasses.replace(study, rates=(), seeds=1)
     for model in roofline_fit.band(profile)[1:]:
         _log(f"batch: band model {model.note} ...")
+        model = with_drafter(model, study.drafter)
         answers[model.note] = answer(run_study(by_split, model, profile, quick, cfg.max_new_tokens, False))
     return band_table(answers)
 
@@ -83,7 +84,8 @@ def run_batch_bench(cfg, study: BatchStudy, run_bench) -> dict:
             raise BenchError(f"no replay table for {', '.join(missing[:5])} after the bench (skipped prompts?); "
                              "drop them with --prompts")
     profile = cost_model.check_profile(cfg.cost_profile)
-    costs = resolve_batched(profile, measured=_measured(tables, cfg) if profile == cost_model.MEASURED else None)
+    costs = with_drafter(resolve_batched(profile, measured=_measured(tables, cfg) if profile == cost_model.MEASURED
+                                         else None), study.drafter)
     splits = split_of(prompts)
     by_split = {s: [tables[p.id] for p in prompts if splits[p.id] == s] for s in ("train", "test")}
     if not by_split["train"] or not by_split["test"]:

@@ -105,6 +105,9 @@ def add_bench(sub) -> None:
                         "batchstop:20)")
     g.add_argument("--batch-requests", type=options.positive, default=0, help="requests per stream (default max(48, 6 B))")
     g.add_argument("--batch-seeds", type=options.positive, default=3, help="seeded request streams per point")
+    g.add_argument("--drafter", choices=["assistant", "head"], default="assistant",
+                   help="head: a what-if drafter that costs one target layer per token (EAGLE/MTP-like), with the "
+                        "assistant's acceptance")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild summary.csv/md, heatmaps, theory, validation from OUT/runs.csv and meta.json")
     p.set_defaults(func=cmd_bench)

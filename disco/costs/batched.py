@@ -20,6 +20,7 @@ batched grid      a profile CSV with ``batch`` (and optionally ``context``, ``la
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -201,3 +202,42 @@ def resolve_batched(name: str, measured: CostModel | None = None, step_ms: float
     rows = cost_model.csv_rows(name)
     grid = grid_from_rows(rows, name)
     return grid if grid is not None else TokenCurve(cost_model.read_csv(name))
+
+
+# ---------------------------------------------------------------------------------------------
+# a drafter that costs one target layer per token (EAGLE / MTP heads), as a what-if
+
+DRAFTERS = ("assistant", "head")
+HEAD_NOTE = "drafter: one target layer per token (an EAGLE/MTP-like head; a what-if: acceptance is the assistant's)"
+
+
+@dataclass
+class HeadDrafter:
+    """``costs`` with the assistant's passes replaced by a head that costs one target layer per token: the target's
+    pass over the same rows divided by its layer count (on a roofline: a one-layer copy of the target's shape with its
+    LM head, ``with_head``)."""
+
+    costs: BatchCosts
+    layers: int = 28  # the embedded target's
+    label: str = ""
+
+    def __post_init__(self):
+        self.label = self.label or f"{self.costs.label}; {HEAD_NOTE}"
+
+    def target_ms(self, rows, contexts) -> float:
+        return self.costs.target_ms(rows, contexts)
+
+    def assistant_ms(self, rows, contexts) -> float:
+        return self.costs.target_ms(rows, contexts) / self.layers if rows else 0.0
+
+
+def with_drafter(costs: BatchCosts, drafter: str) -> BatchCosts:
+    """``costs`` drafting with ``drafter``: the pair's assistant (unchanged) or a one-layer head (``HeadDrafter``)."""
+    if drafter == "assistant":
+        return costs
+    if drafter != "head":
+        raise CostProfileError(f"unknown drafter {drafter!r}: expected {' or '.join(DRAFTERS)}")
+    if isinstance(costs, roofline.RooflineCosts):
+        head = dataclasses.replace(costs.target_shape, layers=1)
+        return dataclasses.replace(costs, assistant_shape=head, label=f"{costs.label}; {HEAD_NOTE}")
+    return HeadDrafter(costs)

@@ -206,3 +206,21 @@ def test_synthetic_acceptance_for_each_chosen_k_follows_vllms_rules():
         assert config["num_speculative_tokens"] == int(k) == len(rates)
         assert config["rejection_sample_method"] == "synthetic"
         assert all(0 <= r <= 1 for r in rates) and rates == sorted(rates, reverse=True)
+
+
+def test_a_head_drafter_costs_one_target_layer_and_says_so():
+    from disco.costs.batched import HEAD_NOTE, with_drafter
+    from disco.costs.roofline import roofline_costs
+
+    flat = with_drafter(FlatBatch(0.4, 28.0), "head")
+    assert flat.assistant_ms([1, 1], [9, 9]) == pytest.approx(1.0) and HEAD_NOTE in flat.label
+    h100 = roofline_costs("roofline:h100")
+    head = with_drafter(h100, "head")
+    assert head.assistant_shape.layers == 1 and head.assistant_shape.hidden == h100.target_shape.hidden
+    assert head.assistant_ms([1] * 8, [512] * 8) < h100.assistant_ms([1] * 8, [512] * 8)
+    assert head.target_ms([3] * 8, [512] * 8) == h100.target_ms([3] * 8, [512] * 8)
+    assert with_drafter(h100, "assistant") is h100
+    with pytest.raises(CostProfileError):
+        with_drafter(h100, "medusa")
+    with pytest.raises(BenchError):
+        BatchStudy(drafter="medusa")
