@@ -4,6 +4,7 @@
 * no relative link in README.md or under docs/ is dead: every ``](path)`` that is not http(s) names a file or folder
   that exists relative to the page, and every ``#anchor`` names a heading of the page it points into;
 * the table of rules in docs/policies.md is the one the policies' own metadata renders (``policies_table``);
+* every folder under docs/results/ is listed (linked) in docs/results/README.md;
 * every option of every subcommand is named in docs/cli.md, so a new option cannot go undocumented;
 * every dotted ``disco.xxx`` name and every repository path (``disco/...``, ``scripts/...``) a docs page gives exists.
 
@@ -147,6 +148,14 @@ def test_readme_is_a_front_page():
 def test_no_dead_relative_link():
     dead = [d for page in pages() for d in dead_links(page)]
     assert not dead, "dead links:\n" + "\n".join(dead)
+
+
+def test_every_results_folder_is_listed():
+    page = DOCS / "results" / "README.md"
+    listed = {(page.parent / t.partition("#")[0]).resolve().parent for t in links(page.read_text(encoding="utf-8"))
+              if not is_external(t) and t.partition("#")[0]}
+    missing = [d.name for d in sorted((DOCS / "results").iterdir()) if d.is_dir() and d.resolve() not in listed]
+    assert not missing, f"docs/results/README.md does not list {missing}: add a line and its meta.json command"
 
 
 def test_every_docs_page_is_linked_from_the_readme():
