@@ -4,7 +4,9 @@ For every setting, batch size B and verification layout, the batched replay (``d
 request stream (the suite's prompts drawn with replacement, ``seeds`` shuffles) through B slots under continuous
 batching and reads throughput and latency in its steady-state window; open-loop Poisson arrivals at a few rates run at
 the largest B as the slot cap. Speed-up is throughput over the target alone's (``autoregressive``) on the same stream,
-B and layout, so at B = 1 it is today's ratio of replay time. Settings are chosen on the train half of the prompts and
+B and layout (at B = 1, in the ragged or padded-max layout and over the whole run, that is today's ratio of replay
+time; the study reads a steady window of a resampled stream, so its B = 1 figure is close to it, not equal). Settings
+are chosen on the train half of the prompts and
 reported on the test half (``disco.suites.split_of``); ``disco.bench.batch_answer`` turns the rows into the answer.
 """
 
@@ -76,6 +78,8 @@ class BatchStudy:
     drafter: str = "assistant"  # or "head": a drafter that costs one target layer per token (a what-if)
 
     def __post_init__(self):
+        if not self.batches:
+            raise BenchError("give at least one batch size, e.g. --batch 1,2,4,8")
         try:
             self.batches = tuple(sorted({check_batch(b) for b in self.batches}))
         except ValueError as exc:

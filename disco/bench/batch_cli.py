@@ -54,8 +54,15 @@ def profile_batch(args) -> int:
     except ValueError as exc:
         raise options.UsageError(f"--batch: {exc}") from None
     contexts = sorted(set(args.contexts or batch_profile.CONTEXTS))
-    if any(not 1 <= c <= 8192 for c in contexts):
-        raise options.UsageError("--contexts: each must be between 1 and 8192 tokens")
+    most = batch_profile.N_BATCH // max(batch_profile.KS)
+    if max(batches) > most:
+        raise options.UsageError(f"--batch: at most {most} here (a pass of B x {max(batch_profile.KS)} tokens must fit "
+                                 f"llama.cpp's {batch_profile.N_BATCH}-token batch)")
+    if any(not 1 <= c <= batch_profile.N_BATCH - 32 for c in contexts):
+        raise options.UsageError(f"--contexts: each must be between 1 and {batch_profile.N_BATCH - 32} tokens")
+    for b in args.live or ():
+        if not 1 <= b <= len([x for x in args.prompts.split(",") if x.strip()]):
+            raise options.UsageError(f"--live {b}: each must be between 1 and the number of --prompts")
     pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
     rows, identity = batch_profile.measure(pair, batches, contexts, reps=args.reps)
     if args.csv:

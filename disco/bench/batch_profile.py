@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from disco.errors import BenchError
-from disco.models.llama_batch import LAYOUTS, LlamaBatch, rows_match_batch_one
+from disco.models.llama_batch import LAYOUTS, N_BATCH, LlamaBatch, rows_match_batch_one  # noqa: F401
 
 KS = (1, 2, 4, 8, 16)
 CONTEXTS = (64, 256)

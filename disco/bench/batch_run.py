@@ -46,14 +46,14 @@ def _measured(tables: dict, cfg):
     return prof.cost_model_near(meta.get("assistant_precision")) if prof is not None and prof.precisions else None
 
 
-def _band(profile: str, by_split: dict, study: BatchStudy, cfg, nominal) -> "pd.DataFrame":
+def _band(profile: str, by_split: dict, study: BatchStudy, cfg) -> "pd.DataFrame":
     """The answer under every model of the roofline's band (closed loop, one seed each; ``disco.costs.roofline``)."""
-    answers = {"nominal": nominal}
-    quick = dataclasses.replace(study, rates=(), seeds=1)
-    for model in roofline_fit.band(profile)[1:]:
-        _log(f"batch: band model {model.note} ...")
+    quick = dataclasses.replace(study, rates=(), seeds=1)  # the nominal model too: a flip is the band's, not a seed's
+    answers = {}
+    for model in roofline_fit.band(profile):
+        _log(f"batch: band model {model.note or 'nominal'} ...")
         model = with_drafter(model, study.drafter)
-        answers[model.note] = answer(run_study(by_split, model, profile, quick, cfg.max_new_tokens, False))
+        answers[model.note or "nominal"] = answer(run_study(by_split, model, profile, quick, cfg.max_new_tokens, False))
     return band_table(answers)
 
 
@@ -108,7 +108,7 @@ def run_batch_bench(cfg, study: BatchStudy, run_bench) -> dict:
     heatmaps(rows, costs.label).write_html(files["heatmaps"], include_plotlyjs="directory")
     if profile.startswith("roofline:") and study.band:
         files["band"] = out / "batch_band.csv"
-        band = _band(profile, by_split, study, cfg, ans)
+        band = _band(profile, by_split, study, cfg)
         band.to_csv(files["band"], index=False)
         with open(files["markdown"], "a", encoding="utf-8") as fh:
             fh.write("\n" + band_markdown(band, costs.label))

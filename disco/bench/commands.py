@@ -13,7 +13,7 @@ from pathlib import Path
 from disco import options
 from disco.bench.analysis import REFERENCE_SETTING
 from disco.bench.run import BenchConfig, run_bench
-from disco.bench import cluster, prompts as prompt_fit
+from disco.tables import cluster, fitting as prompt_fit
 from disco.costs.profile import DEFAULT_PROMPTS, DEFAULT_TOKENS
 from disco.errors import BenchError, InputError
 from disco import suites
@@ -166,7 +166,7 @@ def _env_prefix() -> str:
 def cmd_bench(args) -> int:
     argv = args.argv
     cfg = config_from_args(args, argv)
-    if args.batch:
+    if args.batch is not None:
         from disco.bench.batch_cli import cmd_batch
 
         return cmd_batch(args, cfg)
@@ -371,9 +371,11 @@ def cmd_train(args) -> int:
     import functools
 
     from disco import cache
-    from disco.bench.build import build_here
     from disco.bench.train import samples, train
     from disco.costs import measure as cost_measure, model as cost_mod
+    from disco.tables.identity import PairSpec
+    from disco.tables.phase import Here, TablePhase
+    from disco.tables.workers import OnRay
 
     log = _log
     if not 1 <= args.kmax <= 64:
@@ -389,21 +391,20 @@ def cmd_train(args) -> int:
     out = args.out.expanduser()
     if out.is_dir() or not out.resolve().parent.is_dir():
         raise InputError(f"cannot write {out}: give a file in an existing folder")
-    cache_dir = args.cache_dir or cache.tables_dir()
-    # what training reads of a table: the chain from every position, as deep as it agrees with the target (+1)
-    fill = functools.partial(samples, max_new_tokens=args.max_new_tokens, kmax=args.kmax)
-    if ray is not None:
-        spec = cluster.PairSpec(args.models, args.engine, args.dtype, args.device, args.assistant_precision)
-        cluster.build_tables(ray, spec, prompts, [], args.max_new_tokens, fitting, cache_dir, not args.no_progress, log,
-                             fill=fill)
-    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=log, engine=args.engine)
-    encoder = prompt_fit.PromptEncoder(pair, args.max_new_tokens, cache_dir, fitting)
-    tables, prompts, _ = build_here(pair, prompts, [], args.max_new_tokens, cache_dir, encoder, not args.no_progress)
-    if encoder.skipped:
-        log(f"skipped {len(encoder.skipped)} prompts that do not fit: {', '.join(list(encoder.skipped)[:5])}")
+    spec = PairSpec.from_args(args)
+    phase = TablePhase(spec, fitting, args.cache_dir or cache.tables_dir(), args.max_new_tokens)
+    if ray is not None:  # what training reads of a table: the chain from every position, as deep as it agrees (+1)
+        phase.using(OnRay(ray, not args.no_progress, log)).ensure(
+            prompts, [], fill=functools.partial(samples, max_new_tokens=args.max_new_tokens, kmax=args.kmax))
+    pair = spec.load(log=log)
+    phase = phase.using(Here(pair, not args.no_progress))
+    done = phase.ensure(prompts, [])
+    tables, prompts, skipped = done.tables, done.prompts, phase.encoder.skipped
+    if skipped:
+        log(f"skipped {len(skipped)} prompts that do not fit: {', '.join(list(skipped)[:5])}")
     which = {p.id: p.split for p in prompts}
     costs = cost_mod.resolve(profile, measured=lambda: cost_measure.cached_costs(
-        pair, [encoder.ids(p) for p in prompts], args.kmax), precision=pair.assistant_precision)
+        pair, [phase.ids(p) for p in prompts], args.kmax), precision=pair.assistant_precision)
     meta = dict(pair.describe())
     meta.update(cost_profile=profile, command="python -m disco train " + " ".join(sys.argv[2:]))
     weights = train({k: t for k, t in tables.items() if which[k] == "train"},

@@ -3,8 +3,10 @@ context. The batched replay (``disco.replay.batched``) prices every iteration of
 nothing above ``disco.costs`` knows which source it is.
 
 A source implements ``BatchCosts``: ``target_ms(rows, contexts)`` and ``assistant_ms(rows, contexts)``, where
-``rows[i]`` is the number of query tokens row ``i`` feeds in this pass (its padded length when a layout pads) and
-``contexts[i]`` the tokens already in its cache. Sources:
+``rows[i]`` is the number of query tokens row ``i`` feeds in this pass (its padded length when a layout pads),
+``contexts[i]`` the tokens already in its cache and ``outputs`` how many positions need logits (verification: every
+draft and the next token; a draft step: one a row; None: every row). Only the roofline prices ``outputs`` (its LM
+head); measured sources measured it as the engine ran. Sources:
 
 ``flat:C``        every pass costs one target step, whatever the batch (the GPU idealisation ``flat`` always meant;
                   batching is free under it, so it answers "how does the schedule change" but not "when does
@@ -28,6 +30,7 @@ from typing import Protocol, Sequence
 from disco.costs import model as cost_model
 from disco.costs import roofline
 from disco.costs.model import CostModel, CostProfileError
+from disco.costs.shapes import TARGET_SHAPE, ModelShape
 
 MAX_BATCH = 1024
 
@@ -37,9 +40,9 @@ class BatchCosts(Protocol):
 
     label: str
 
-    def target_ms(self, rows: Sequence[int], contexts: Sequence[int]) -> float: ...
+    def target_ms(self, rows: Sequence[int], contexts: Sequence[int], outputs: int | None = None) -> float: ...
 
-    def assistant_ms(self, rows: Sequence[int], contexts: Sequence[int]) -> float: ...
+    def assistant_ms(self, rows: Sequence[int], contexts: Sequence[int], outputs: int | None = None) -> float: ...
 
 
 def check_batch(value) -> int:
@@ -66,10 +69,10 @@ class FlatBatch:
     def __post_init__(self):
         self.label = self.label or f"flat:{self.c:g} (any batch costs one step)"
 
-    def target_ms(self, rows, contexts) -> float:
+    def target_ms(self, rows, contexts, outputs=None) -> float:
         return self.step_ms if rows else 0.0
 
-    def assistant_ms(self, rows, contexts) -> float:
+    def assistant_ms(self, rows, contexts, outputs=None) -> float:
         return self.c * self.step_ms if rows else 0.0
 
 
@@ -84,11 +87,11 @@ class TokenCurve:
     def __post_init__(self):
         self.label = self.label or f"{self.model.meta.get('profile', 'measured')} (batch-1 curve, B x k tokens)"
 
-    def target_ms(self, rows, contexts) -> float:
+    def target_ms(self, rows, contexts, outputs=None) -> float:
         n = int(sum(rows))
         return self.model.target_ms(n) if n else 0.0
 
-    def assistant_ms(self, rows, contexts) -> float:
+    def assistant_ms(self, rows, contexts, outputs=None) -> float:
         n = int(sum(rows))
         return self.model.assistant_ms(n) if n else 0.0
 
@@ -136,10 +139,10 @@ class BatchGrid:
         pts = sorted((float(c), _interp(v, float(b))) for c, v in by_ctx.items())
         return _interp(pts, ctx)
 
-    def target_ms(self, rows, contexts) -> float:
+    def target_ms(self, rows, contexts, outputs=None) -> float:
         return self._ms("target", rows, contexts)
 
-    def assistant_ms(self, rows, contexts) -> float:
+    def assistant_ms(self, rows, contexts, outputs=None) -> float:
         return self._ms("assistant", rows, contexts)
 
 
@@ -208,27 +211,37 @@ def resolve_batched(name: str, measured: CostModel | None = None, step_ms: float
 # a drafter that costs one target layer per token (EAGLE / MTP heads), as a what-if
 
 DRAFTERS = ("assistant", "head")
-HEAD_NOTE = "drafter: one target layer per token (an EAGLE/MTP-like head; a what-if: acceptance is the assistant's)"
+HEAD_NOTE = ("drafter: one target layer and the LM head per token (an EAGLE/MTP-like head; a what-if: acceptance is "
+             "the assistant's)")
+
+
+def head_share(shape: ModelShape = TARGET_SHAPE) -> float:
+    """A one-layer head's share of the target's pass, by weights read (a pass on a CPU reads every weight once): one
+    decoder layer plus the LM head it shares with the target, over the target's weights (0.18 for the embedded
+    target: its LM head alone is about five layers)."""
+    head = shape.vocab * shape.hidden
+    layer = (shape.params - head * (1 if shape.tied_embeddings else 2)) / shape.layers
+    return (layer + head) / shape.params
 
 
 @dataclass
 class HeadDrafter:
-    """``costs`` with the assistant's passes replaced by a head that costs one target layer per token: the target's
-    pass over the same rows divided by its layer count (on a roofline: a one-layer copy of the target's shape with its
-    LM head, ``with_head``)."""
+    """``costs`` with the assistant's passes replaced by a head that costs one target layer and the LM head per token:
+    the target's pass over the same rows times ``head_share`` (on a roofline: a one-layer copy of the target's shape,
+    ``with_drafter``)."""
 
     costs: BatchCosts
-    layers: int = 28  # the embedded target's
+    share: float = field(default_factory=head_share)
     label: str = ""
 
     def __post_init__(self):
         self.label = self.label or f"{self.costs.label}; {HEAD_NOTE}"
 
-    def target_ms(self, rows, contexts) -> float:
-        return self.costs.target_ms(rows, contexts)
+    def target_ms(self, rows, contexts, outputs=None) -> float:
+        return self.costs.target_ms(rows, contexts, outputs)
 
-    def assistant_ms(self, rows, contexts) -> float:
-        return self.costs.target_ms(rows, contexts) / self.layers if rows else 0.0
+    def assistant_ms(self, rows, contexts, outputs=None) -> float:
+        return self.costs.target_ms(rows, contexts, outputs) * self.share if rows else 0.0
 
 
 def with_drafter(costs: BatchCosts, drafter: str) -> BatchCosts:

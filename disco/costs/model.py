@@ -229,10 +229,11 @@ def batch_one(rows: list[dict], source: str) -> list[dict]:
             b = math.nan
         if not (math.isfinite(b) and b == int(b) and b >= 1):
             raise CostProfileError(f"{source}: column batch must hold whole numbers >= 1, got {r['batch']!r}")
-    kept = [r for r in rows if float(r["batch"]) == 1]
+    kept = [r for r in rows if float(r["batch"]) == 1 and str(r.get("kind", "step")) != "prefill"]
     if kept and "context" in kept[0]:
-        low = min(float(r["context"] or 0) for r in kept)
-        kept = [r for r in kept if float(r["context"] or 0) == low]
+        contexts = [_context(r.get("context"), source) for r in kept]
+        low = min(contexts)
+        kept = [r for r, c in zip(kept, contexts) if c == low]
     if kept and "layout" in kept[0]:
         first = sorted(str(r["layout"]) for r in kept)[0]
         kept = [r for r in kept if str(r["layout"]) == first]
@@ -245,6 +246,16 @@ def roofline_model(costs, context: int = 512) -> CostModel:
     return CostModel([(n, costs.target_ms([n], [context])) for n in roofline.BATCH1_TOKENS],
                      [(n, costs.assistant_ms([n], [context])) for n in roofline.BATCH1_TOKENS],
                      {"profile": costs.profile, "label": costs.label, "context": context})
+
+
+def _context(value, source: str) -> float:
+    try:
+        number = float(value or 0)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise CostProfileError(f"{source}: column context must hold whole numbers >= 0, got {value!r}")
+    return number
 
 
 def read_csv(path: str | Path, precision: str | None = None) -> CostModel:

@@ -218,21 +218,25 @@ def _op(name: str, nbytes: float, flops: float, bytes_per_ms: float, flops_per_m
     return Operation(name, nbytes, flops, max(memory_ms, compute_ms), bound)
 
 
-def _operations(shape: ModelShape, rows, contexts, entry, fmt: str, factors) -> list[Operation]:
+def _operations(shape: ModelShape, rows, contexts, entry, fmt: str, factors, outputs: int | None = None) -> list[Operation]:
+    """Each operation of one pass; ``outputs`` is how many rows need logits (the LM head runs on those only: every
+    verified position, one a row for a prefill or a draft step; default every row)."""
     figures, f = entry["figures"], FORMATS[fmt]
     bw = figures["memory_bandwidth_gbs"] * 1e9 * factors["bandwidth_efficiency"] / 1e3  # bytes per ms
     rate = lambda which: figures[which] * 1e12 * factors["compute_efficiency"] / 1e3  # noqa: E731  FLOPs per ms
     m, n_layers, hidden, ab = sum(rows), shape.layers, shape.hidden, f.act_bytes
     q_width = shape.heads * shape.head_dim
 
-    def matmul(name, n_in, n_out, wbytes=f.weight_bytes, which=f.compute, layers=n_layers, out_bytes=ab):
+    def matmul(name, n_in, n_out, wbytes=f.weight_bytes, which=f.compute, layers=n_layers, out_bytes=ab, m=m):
         nbytes = layers * (n_in * n_out * wbytes + m * n_in * ab + m * n_out * out_bytes)  # weights, rows in, rows out
         return _op(name, nbytes, layers * 2.0 * m * n_in * n_out, bw, rate(which))
 
     kv_tokens = sum(c + r for r, c in zip(rows, contexts))
     attention = _op("attention",
                     n_layers * (kv_tokens * 2 * shape.kv_heads * shape.head_dim * KV_BYTES + 2 * m * q_width * ab),
-                    n_layers * sum(4.0 * r * (c + r) * shape.heads * shape.head_dim for r, c in zip(rows, contexts)),
+                    # causal: query i of a row sees its c cached keys and i + 1 of its own (QK^T and PV, 2 FLOPs each)
+                    n_layers * sum(4.0 * (r * c + r * (r + 1) / 2) * shape.heads * shape.head_dim
+                                   for r, c in zip(rows, contexts)),
                     bw, rate("bf16_tflops"))
     inter = shape.intermediate
     mlp = _op("mlp",  # gate+up (hidden -> 2 x intermediate), then down (intermediate -> hidden)
@@ -240,7 +244,8 @@ def _operations(shape: ModelShape, rows, contexts, entry, fmt: str, factors) -> 
               n_layers * 2.0 * m * 3 * hidden * inter, bw, rate(f.compute))
     return [matmul("qkv_proj", hidden, (shape.heads + 2 * shape.kv_heads) * shape.head_dim), attention,
             matmul("o_proj", q_width, hidden), mlp,
-            matmul("lm_head", hidden, shape.vocab, f.head_bytes, f.head_compute, layers=1, out_bytes=LOGIT_BYTES)]
+            matmul("lm_head", hidden, shape.vocab, f.head_bytes, f.head_compute, layers=1, out_bytes=LOGIT_BYTES,
+                   m=m if outputs is None else min(m, outputs))]
 
 
 def breakdown(shape: ModelShape, rows: Sequence[int], contexts: Sequence[int], device="h100", fmt: str | None = None,
@@ -292,7 +297,7 @@ class RooflineCosts:
 
     @property
     def profile(self) -> str:
-        return f"{PREFIX}{self.device}:{self.fmt}"
+        return f"{PREFIX}{self.device}:{self.fmt}" + ("" if self.graphs else ":eager")
 
     def with_factors(self, factors: Mapping, calibrated: bool | None = None, note: str = "") -> "RooflineCosts":
         return RooflineCosts(self.entry, self.fmt, self.graphs, dict(factors), self.target_shape, self.assistant_shape,
@@ -301,45 +306,52 @@ class RooflineCosts:
     def shape(self, role: str) -> ModelShape:
         return self.target_shape if role == "target" else self.assistant_shape
 
-    def breakdown(self, role: str, rows, contexts) -> list[Operation]:
-        return _operations(self.shape(role), rows, contexts, self.entry, self.fmt, self.factors)
+    def breakdown(self, role: str, rows, contexts, outputs: int | None = None) -> list[Operation]:
+        return _operations(self.shape(role), rows, contexts, self.entry, self.fmt, self.factors, outputs)
 
-    def pass_ms(self, role: str, rows: Sequence[int], contexts: Sequence[int]) -> float:
+    def pass_ms(self, role: str, rows: Sequence[int], contexts: Sequence[int], outputs: int | None = None) -> float:
         if not rows:
             return 0.0
         if len(rows) != len(contexts):
             raise CostProfileError(f"{len(rows)} rows but {len(contexts)} contexts")
-        ops = self.breakdown(role, rows, contexts)
+        ops = self.breakdown(role, rows, contexts, outputs)
         return sum(op.ms for op in ops) + overhead_ms(self.shape(role), self.factors, role)
 
-    def target_ms(self, rows, contexts) -> float:
-        return self.pass_ms("target", rows, contexts)
+    def target_ms(self, rows, contexts, outputs: int | None = None) -> float:
+        """A target pass; ``outputs``: rows that need logits (default all: verification reads every position)."""
+        return self.pass_ms("target", rows, contexts, outputs)
 
-    def assistant_ms(self, rows, contexts) -> float:
-        return self.pass_ms("assistant", rows, contexts)
+    def assistant_ms(self, rows, contexts, outputs: int | None = None) -> float:
+        """An assistant pass; ``outputs`` default one a row (a draft step reads each row's last position only)."""
+        return self.pass_ms("assistant", rows, contexts, len(rows) if outputs is None else outputs)
 
 
-def _parse(text, devices=None) -> tuple[dict, str]:
+def _parse(text, devices=None) -> tuple[dict, str, bool]:
+    """(device entry, weight format, CUDA graphs?) of ``roofline:DEVICE[:FORMAT[:eager]]``."""
     raw = str(text or "").strip()
     parts = raw.lower()[len(PREFIX):].split(":") if raw.lower().startswith(PREFIX) else []
-    if not 1 <= len(parts) <= 2 or not parts[0]:
-        raise CostProfileError(f"cost profile {raw!r}: expected roofline:DEVICE or roofline:DEVICE:FORMAT, "
-                               "as in roofline:h100 or roofline:h100:fp8")
+    eager = len(parts) == 3 and parts[2] == "eager"
+    if not 1 <= len(parts) <= 3 or not parts[0] or (len(parts) == 3 and not eager):
+        raise CostProfileError(f"cost profile {raw!r}: expected roofline:DEVICE, roofline:DEVICE:FORMAT or "
+                               "roofline:DEVICE:FORMAT:eager, as in roofline:h100, roofline:h100:fp8 or "
+                               "roofline:h100:bf16:eager")
     entry = _device(parts[0], devices)
-    return entry, _format(entry, parts[1] if len(parts) == 2 else None)
+    return entry, _format(entry, parts[1] if len(parts) >= 2 and parts[1] else None), not eager
 
 
 def check_roofline(text, devices=None) -> str:
     """The canonical ``roofline:DEVICE:FORMAT`` of a profile; one-line CostProfileError otherwise."""
-    entry, fmt = _parse(text, devices)
-    return f"{PREFIX}{entry['id']}:{fmt}"
+    entry, fmt, graphs = _parse(text, devices)
+    return f"{PREFIX}{entry['id']}:{fmt}" + ("" if graphs else ":eager")
 
 
 def roofline_costs(profile_text, target_shape: ModelShape | None = None, assistant_shape: ModelShape | None = None,
                    *, graphs: bool = True, factors: Mapping | None = None, devices=None) -> RooflineCosts:
-    """``roofline:DEVICE`` (bf16 on a GPU, q4_k_m on ``this``) or ``roofline:DEVICE:FORMAT`` as BatchCosts; shapes
-    default to the embedded pair's."""
-    entry, fmt = _parse(profile_text, devices)
+    """``roofline:DEVICE`` (bf16 on a GPU, q4_k_m on ``this``), ``roofline:DEVICE:FORMAT`` or
+    ``roofline:DEVICE:FORMAT:eager`` (kernel launches at their eager cost) as BatchCosts; shapes default to the
+    embedded pair's."""
+    entry, fmt, parsed_graphs = _parse(profile_text, devices)
+    graphs = graphs and parsed_graphs
     calibrated = False
     if entry["id"] == "this" and factors is None and devices is None:
         fitted = fitted_this()  # ``profile --fit-roofline`` on this CPU, if it ran

@@ -129,15 +129,15 @@ def split_points(points, split: str) -> tuple[list[int], list[int]]:
     if split == "small-to-large":
         median = statistics.median(p["batch"] * p["tokens"] for p in pts)
         train = [i for i, p in enumerate(pts) if p["batch"] * p["tokens"] <= median]
-    elif split == "context":
-        first = min(p["context"] for p in pts)
+    elif split == "context":  # prefills (context 0) are neither fitted nor tested here: decode passes only
+        first = min((p["context"] for p in pts if p["context"] > 0), default=0)
         train = [i for i, p in enumerate(pts) if p["context"] == first]
     elif split == "target-to-assistant":
         train = [i for i, p in enumerate(pts) if p["role"] == "target"]
     else:
         raise CostProfileError(f"unknown held-out split {split!r}: known splits are {', '.join(SPLITS)}")
     chosen = set(train)
-    test = [i for i in range(len(pts)) if i not in chosen]
+    test = [i for i in range(len(pts)) if i not in chosen and not (split == "context" and pts[i]["context"] == 0)]
     if not train or not test:
         raise CostProfileError(f"held-out split {split!r} leaves {len(train)} passes to fit and {len(test)} to test")
     return train, test
@@ -167,6 +167,21 @@ def points_from_rows(rows: list[dict], layout: str | None = None) -> list[dict]:
     passes at their context, prefills at context 0."""
     layouts = sorted({str(r.get("layout") or "") for r in rows})
     chosen = layout if layout in layouts else layouts[0]
-    return [{"role": r["role"], "batch": int(float(r["batch"])), "tokens": int(float(r["tokens"])),
-             "context": 0 if r.get("kind") == "prefill" else int(float(r.get("context") or 0)), "ms": float(r["ms"])}
-            for r in rows if str(r.get("layout") or "") == chosen]
+    out = []
+    for i, r in enumerate(r for r in rows if str(r.get("layout") or "") == chosen):
+        try:
+            point = {"role": str(r["role"]), "batch": _whole(r["batch"], 1), "tokens": _whole(r["tokens"], 1),
+                     "context": 0 if r.get("kind") == "prefill" else _whole(r.get("context") or 0, 0),
+                     "ms": float(r["ms"])}
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise CostProfileError(f"row {i + 1} of layout {chosen or '-'}: batch, tokens and context must be whole "
+                                   f"numbers and ms a number ({dict(r)!r})") from None
+        out.append(point)
+    return _points(out)
+
+
+def _whole(value, lo: int) -> int:
+    number = float(value)
+    if not math.isfinite(number) or number != int(number) or number < lo:
+        raise ValueError(value)
+    return int(number)

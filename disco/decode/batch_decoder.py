@@ -69,6 +69,9 @@ class BatchDecoder:
         probe = parse_strategy(spec)
         if probe.proposes or probe.probes_verification:
             raise InputError(f"{spec!r}: the live batched decoder runs assistant-drafting rules only")
+        if type(probe).batch_shared:
+            raise InputError(f"{spec!r}: the live batched decoder runs per-sequence rules; a state shared by the batch "
+                             "is replayed only (disco.replay.batched)")
         n_ctx = max(map(len, prompts)) + max_new_tokens + 80
         self.target = LlamaBatch(pair.target_model, len(prompts), layout, n_ctx)
         self.assistant = LlamaBatch(pair.assistant_model, len(prompts), layout, n_ctx)

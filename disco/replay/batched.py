@@ -21,14 +21,16 @@ batch, the one that maximises expected tokens per ms, where each row's expected 
 estimate) and the time is the batch's drafting and verification at D (ragged). Drafting stops when one more step
 would add less, summed over the batch, than it costs.
 
-Figures are read in a steady-state window (``window``): with fixed concurrency from the first completion (every slot
-has been refilled once) to the last admission (the batch is full throughout); with arrivals from the 10th percentile
-arrival to the last arrival. At B = 1 with every request in turn and the whole run as the window, the batched replay
+Figures are read in a steady-state window (``window``): with fixed concurrency from the first completion (the initial
+lockstep prefill is behind) to the last admission (the batch is full throughout); with arrivals from the 10th
+percentile arrival to the last arrival. TTFT counts from the request's arrival with arrivals, and from its admission
+to a slot with fixed concurrency (where every request is there at 0 and waits for a slot by design). At B = 1 with every request in turn and the whole run as the window, the batched replay
 is today's replay: the same records, the same modelled time (``tests/unit/test_batched.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,7 +41,7 @@ import numpy as np
 from disco.costs.batched import BatchCosts
 from disco.costs.model import CostModel
 from disco.errors import InputError
-from disco.policies import Policy, RunContext, parse_strategy
+from disco.policies import Policy, parse_strategy
 from disco.replay.layouts import Pricer, RowPass
 from disco.replay.run import ReplayRun
 from disco.replay.tables import ChainEnded, ChainMissing, ReplayTable
@@ -130,8 +132,10 @@ class _Slot:
     """One admitted request: its replay run (or its cached iterations) and what it has emitted when."""
 
     def __init__(self, request: Request, setting: Setting, view: CostModel, max_new_tokens: int, bind: bool,
-                 traces: dict | None = None):
+                 traces: dict | None = None, slot: int = 0, admitted_ms: float = 0.0):
         self.request = request
+        self.slot = slot                # its place in the batch (llama.cpp's sequence id)
+        self.admitted_ms = admitted_ms  # when it took its slot (closed-loop TTFT counts from here)
         self.first_ms = math.nan
         self.emissions: list[tuple[float, int]] = []
         key = (id(request.table), setting.spec, max_new_tokens)
@@ -157,9 +161,11 @@ class _Slot:
 
     def step(self) -> tuple[RowPass, int]:
         if self.run is not None:
-            return _row_of(self.run)
-        self._next += 1
-        return self._steps[self._next - 1]
+            row, emitted = _row_of(self.run)
+        else:
+            self._next += 1
+            row, emitted = self._steps[self._next - 1]
+        return dataclasses.replace(row, slot=self.slot), emitted
 
 
 def _row_of(run: ReplayRun) -> tuple[RowPass, int]:
@@ -169,13 +175,13 @@ def _row_of(run: ReplayRun) -> tuple[RowPass, int]:
     record = run.step()
     first_fed = record.assistant_tokens - (record.draft_calls - 1) if record.draft_calls else 0
     return RowPass(record.target_tokens, int(record.max_lookahead), record.draft_calls, first_fed, t_ctx, a_ctx,
-                   new), record.emitted
+                   new, record.lookahead + 1), record.emitted
 
 
 @dataclass
 class BatchRun:
-    """One batched replay's log: per batch iteration (end ms, rows, tokens emitted, draft ms, verify ms) and per
-    finished request (arrival, first token, finish, tokens, emission times)."""
+    """One batched replay's log: per batch iteration (end ms, rows, tokens emitted, draft ms, verify ms, tokens sent to
+    the target, draft passes) and per finished request (arrival, admission, first token, finish, tokens, emissions)."""
 
     iterations: list[tuple[float, int, int, float, float]] = field(default_factory=list)
     requests: list[dict] = field(default_factory=list)
@@ -206,8 +212,8 @@ def _depth(slots: list[_Slot], kmax: int, pricer: Pricer) -> list[int]:
     best, best_rate = 0, -1.0
     for d in range(kmax + 1):
         expected = sum(1 + sum(c[:d]) for c in probs)
-        rows = [RowPass(1 + min(d, len(c)), d, min(d, len(c)), 1, s.run.core.t_len, s.run.core.a_len, False)
-                for s, c in zip(slots, probs)]
+        rows = [RowPass(1 + min(d, len(c)), d, min(d, len(c)), 1, s.run.core.t_len, s.run.core.a_len, False,
+                        1 + min(d, len(c)), s.slot) for s, c in zip(slots, probs)]
         draft, verify = pricer.iteration_ms(rows)
         rate = expected / max(draft + verify, 1e-9)
         if rate < best_rate * (1 - 1e-9):
@@ -228,15 +234,17 @@ def simulate(setting: Setting | str, stream: Sequence[Request], batch: int, pric
     view = batch_view(pricer.costs, batch, view_context)
     queue = deque(sorted(stream, key=lambda r: (r.arrival_ms, r.index)))
     active: list[_Slot] = []
+    free = list(range(batch))  # slot ids; a new request takes the lowest free one, as llama-server's slots do
     log = BatchRun()
     clock, bound = 0.0, False
     while queue or active:
-        while len(active) < batch and queue and queue[0].arrival_ms <= clock:
+        while free and queue and queue[0].arrival_ms <= clock:
             request = queue.popleft()
             active.append(_Slot(request, setting, view, max_new_tokens, bind=not (setting.shared and bound),
-                                traces=traces))
+                                traces=traces, slot=free.pop(0), admitted_ms=clock))
             bound = True
             log.last_admission_ms = clock
+        active.sort(key=lambda slot: slot.slot)
         if not active:
             clock = queue[0].arrival_ms
             continue
@@ -246,7 +254,8 @@ def simulate(setting: Setting | str, stream: Sequence[Request], batch: int, pric
         steps = [slot.step() for slot in active]
         draft_ms, verify_ms = pricer.iteration_ms([row for row, _ in steps])
         clock += draft_ms + verify_ms
-        log.iterations.append((clock, len(active), sum(e for _, e in steps), draft_ms, verify_ms))
+        log.iterations.append((clock, len(active), sum(e for _, e in steps), draft_ms, verify_ms,
+                               sum(row.target_tokens for row, _ in steps), max(row.draft_calls for row, _ in steps)))
         for slot, (_, emitted) in zip(active, steps):
             if emitted:
                 slot.emissions.append((clock, emitted))
@@ -254,6 +263,7 @@ def simulate(setting: Setting | str, stream: Sequence[Request], batch: int, pric
                     slot.first_ms = clock
         for slot in [s for s in active if s.done]:
             active.remove(slot)
+            free = sorted(free + [slot.slot])
             _finish(log, slot, clock)
     return log
 
@@ -263,7 +273,7 @@ def _finish(log: BatchRun, slot: _Slot, clock: float) -> None:
         log.first_finish_ms = clock
     tokens = sum(n for _, n in slot.emissions)
     log.requests.append({"index": slot.request.index, "arrival_ms": slot.request.arrival_ms,
-                         "first_ms": slot.first_ms, "finish_ms": clock, "tokens": tokens,
+                         "admitted_ms": slot.admitted_ms, "first_ms": slot.first_ms, "finish_ms": clock, "tokens": tokens,
                          "emissions": slot.emissions})
     log.output[slot.request.index] = list(slot.output_ids)
 
@@ -291,10 +301,11 @@ def metrics(log: BatchRun, open_loop: bool = False, whole: bool = False) -> dict
         else window(log, open_loop)
     if whole:
         start = -1e-9  # the first iteration's tokens count too
-    tokens = sum(n for t, _, n, _, _ in log.iterations if start < t <= end)
+    tokens = sum(it[2] for it in log.iterations if start < it[0] <= end)
     span = end - max(start, 0.0)
     inside = [r for r in log.requests if whole or start <= (r["arrival_ms"] if open_loop else r["first_ms"]) <= end]
-    ttft = [r["first_ms"] - r["arrival_ms"] for r in inside]
+    since = "arrival_ms" if open_loop else "admitted_ms"  # closed loop: a request waits for a slot by design
+    ttft = [r["first_ms"] - r[since] for r in inside]
     tpot = [(r["finish_ms"] - r["first_ms"]) / (r["tokens"] - 1) for r in inside if r["tokens"] > 1]
     itl = [b[0] - a[0] for r in inside for a, b in zip(r["emissions"], r["emissions"][1:])]
     its = [it for it in log.iterations if start < it[0] <= end]
@@ -306,7 +317,7 @@ def metrics(log: BatchRun, open_loop: bool = False, whole: bool = False) -> dict
         "mean_active": float(np.mean([it[1] for it in its])) if its else math.nan,
         "draft_share": (sum(it[3] for it in its) / max(sum(it[3] + it[4] for it in its), 1e-12)) if its else math.nan,
         "window_ms": span, "steady": steady, "requests_in_window": len(inside),
-        "_latency": [(r["first_ms"] - r["arrival_ms"],
+        "_latency": [(r["first_ms"] - r[since],
                       (r["finish_ms"] - r["first_ms"]) / (r["tokens"] - 1) if r["tokens"] > 1 else 0.0) for r in inside],
     }
 
@@ -317,22 +328,45 @@ def goodput(m: dict, span_ms: float, ttft_slo_ms: float, tpot_slo_ms: float) -> 
     return good / span_ms * 1000.0 if span_ms > 0 else math.nan
 
 
+TRACE_COLUMNS = ("strategy", "iteration", "lookahead", "target_tokens", "draft_calls", "assistant_tokens",
+                 "max_lookahead", "new_tokens")
+
+
+def _trace_rows(frame):
+    """A per-iteration trace's columns as whole numbers >= 0 (BatchReplayError, one line, for anything else)."""
+    missing = [c for c in TRACE_COLUMNS if c not in getattr(frame, "columns", ())]
+    if missing:
+        raise BatchReplayError(f"not a per-iteration trace: no column(s) {', '.join(missing)}")
+    numbers = frame[list(TRACE_COLUMNS[1:])].apply(lambda c: c.map(_whole_or_none))
+    if numbers.isna().any().any():
+        raise BatchReplayError("a per-iteration trace holds whole numbers >= 0 in its count columns")
+    return frame[["strategy"]].join(numbers.astype(int))
+
+
+def _whole_or_none(value):
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) and number == int(number) and number >= 0 else None
+
+
 def recost_trace(frame, batch: int, pricer: Pricer) -> list[dict]:
     """A finished race's lanes "as in a batch of B": each lane's own iterations (its per-iteration trace rows) run by
     ``batch`` identical sequences in lockstep and priced by ``pricer`` (a prediction: the lanes ran alone). One row per
     lane: predicted ms, tokens per second of the batch, and speed-up over the target-alone lane when the race had one."""
     out = []
-    for strategy, rows in frame.groupby("strategy", sort=False):
+    for strategy, rows in _trace_rows(frame).groupby("strategy", sort=False):
         rows = rows.sort_values("iteration")
-        first = rows.iloc[0]
-        prompt_len = int(first["target_tokens"]) - int(first["lookahead"])
+        prompt_len = int(rows.iloc[0]["target_tokens"]) - int(rows.iloc[0]["lookahead"])
         ms, done = 0.0, 0
         for i, r in enumerate(rows.itertuples(index=False)):
             calls = int(r.draft_calls)
             fed = int(r.assistant_tokens) - (calls - 1) if calls else 0
-            context = prompt_len + done - 1 if i else 0
-            row = RowPass(int(r.target_tokens), int(r.max_lookahead), calls, fed, context, max(context - 1, 0), i == 0)
-            draft, verify = pricer.iteration_ms([row] * batch)
+            context = max(prompt_len + done - 1, 0) if i else 0
+            draft, verify = pricer.iteration_ms([
+                RowPass(int(r.target_tokens), int(r.max_lookahead), calls, fed, context, max(context - 1, 0), i == 0,
+                        int(r.lookahead) + 1, slot) for slot in range(batch)])
             ms += draft + verify
             done = int(r.new_tokens)
         out.append({"strategy": strategy, "batch": batch, "predicted_ms": ms,

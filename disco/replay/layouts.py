@@ -13,9 +13,11 @@ Verification layouts (a row in its first iteration, its prefill, is never padded
 ``graph``        ragged, with the batch's total tokens rounded up to the next captured graph size (vLLM's default
                  capture sizes 1, 2, 4, 8, 16, ... 512; beyond 512 eager, no padding);
 ``ragged``       every row its own length, no padding: the lower bound of any engine;
-``llama-split``  llama.cpp with one KV stream per sequence (``kv_unified`` off): a batch whose sequences bring
-                 different token counts is split into ubatches that take the same count from every sequence still
-                 holding tokens (our model of ``llama_batch_allocr::split_equal`` in src/llama-batch.cpp), one pass each.
+``llama-split``  llama.cpp with one KV stream per sequence (``kv_unified`` off): ``split_equal(n_ubatch,
+                 sequential=true)`` in src/llama-batch.cpp (vendored 0.3.36) builds each ubatch from a run of
+                 *consecutive* sequence ids that still hold tokens, and takes the same count from each (capped by
+                 ``UBATCH``); a gap in the ids (a finished slot) starts a new ubatch. One pass per ubatch, drafting
+                 passes included.
 
 Drafting: every draft step is one assistant pass over **all** the batch's drafting rows (a row that stopped still
 occupies its slot, as batched engines run it), so an iteration drafts as deep as its deepest drafter; the first step
@@ -32,6 +34,7 @@ from disco.costs.batched import BatchCosts
 from disco.errors import InputError
 
 LAYOUTS = ("padded-k", "padded-max", "graph", "ragged", "llama-split")
+UBATCH = 2048  # llama.cpp's n_ubatch in disco.models.llama_batch (a test keeps the two equal)
 CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 256, 8)) + tuple(range(256, 513, 16))  # vLLM's default capture list
 
 
@@ -57,14 +60,23 @@ class RowPass:
     target_context: int   # tokens in its target cache before the pass
     assistant_context: int
     prefill: bool         # its first iteration: the prompt is in this pass
+    outputs: int = 0      # positions whose logits verification reads (drafts + 1); 0: every token it sends
+    slot: int = 0         # its place in the batch (llama.cpp's sequence id)
+
+    @property
+    def logits(self) -> int:
+        return self.outputs or self.target_tokens
 
 
-def verify_passes(layout: str, rows: Sequence[RowPass]) -> list[tuple[list[int], list[int]]]:
-    """The target passes (query tokens per row, contexts) one batch iteration's verification takes in ``layout``."""
+def verify_passes(layout: str, rows: Sequence[RowPass]) -> list[tuple[list[int], list[int], int]]:
+    """The target passes (query tokens per row, contexts, rows that need logits) one batch iteration's verification
+    takes in ``layout``; logits are read only where verification needs them (every layout: the LM head runs on the
+    selected positions, padding is never read)."""
+    outputs = sum(r.logits for r in rows)
     new = [(r.target_tokens, r.target_context) for r in rows if r.prefill]
     old = [r for r in rows if not r.prefill]
     if layout == "llama-split":
-        return _equal_split([(r.target_tokens, r.target_context) for r in rows])
+        return _equal_split([(r.slot, r.target_tokens, r.target_context, r.logits) for r in rows])
     if layout == "padded-k":
         lengths = [max(r.k_config + 1, r.target_tokens) for r in old]
     elif layout == "padded-max":
@@ -79,36 +91,47 @@ def verify_passes(layout: str, rows: Sequence[RowPass]) -> list[tuple[list[int],
         i = bisect.bisect_left(CAPTURE_SIZES, total)
         if i < len(CAPTURE_SIZES) and CAPTURE_SIZES[i] > total:  # pad tokens ride as one extra row with no context
             tokens, contexts = tokens + [CAPTURE_SIZES[i] - total], contexts + [0]
-    return [(tokens, contexts)] if tokens else []
+    return [(tokens, contexts, outputs)] if tokens else []
 
 
-def _equal_split(rows: list[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
-    """ubatches taking the same number of tokens from every sequence that still has some (llama.cpp, one KV stream
-    per sequence); each sequence's context grows by what the earlier ubatches fed."""
-    left = [n for n, _ in rows]
+def _equal_split(rows: list[tuple[int, int, int, int]]) -> list[tuple[list[int], list[int], int]]:
+    """llama.cpp's ubatches for rows (slot, tokens, context, logits rows) with one KV stream per sequence: each from
+    the run of consecutive slots, starting at the first that still holds tokens, taking the same count from each
+    (at most ``UBATCH`` in all); contexts grow by what earlier ubatches fed; a row's logits are its last tokens."""
+    rows = sorted(rows)
+    left = [n for _, n, _, _ in rows]
     fed = [0] * len(rows)
     passes = []
     while any(left):
-        live = [i for i, n in enumerate(left) if n > 0]
-        take = min(left[i] for i in live)
-        passes.append(([take] * len(live), [rows[i][1] + fed[i] for i in live]))
-        for i in live:
+        run = [next(i for i, n in enumerate(left) if n > 0)]
+        while run[-1] + 1 < len(rows) and left[run[-1] + 1] > 0 and rows[run[-1] + 1][0] == rows[run[-1]][0] + 1:
+            run.append(run[-1] + 1)
+        take = min(min(left[i] for i in run), max(1, UBATCH // len(run)))
+        outputs = 0
+        for i in run:  # the row's logits rows are its last ones: count those inside [fed, fed + take)
+            first_out = rows[i][1] - rows[i][3]
+            outputs += max(0, min(fed[i] + take, rows[i][1]) - max(fed[i], first_out))
+        passes.append(([take] * len(run), [rows[i][2] + fed[i] for i in run], outputs))
+        for i in run:
             left[i] -= take
             fed[i] += take
     return passes
 
 
-def draft_passes(rows: Sequence[RowPass]) -> list[tuple[list[int], list[int]]]:
+def draft_passes(rows: Sequence[RowPass], layout: str = "ragged") -> list[tuple[list[int], list[int], int]]:
     """The assistant passes of one batch iteration: as many as its deepest drafter ran, each over every drafting row
-    (the first ragged with each row's catch-up, the others one token a row)."""
+    (the first ragged with each row's catch-up, the others one token a row), one row of logits each; in
+    ``llama-split`` each pass is split into llama.cpp's ubatches."""
     drafting = [r for r in rows if r.draft_calls > 0]
     depth = max((r.draft_calls for r in drafting), default=0)
     passes = []
     for j in range(depth):
-        if j == 0:
-            passes.append(([r.first_fed for r in drafting], [r.assistant_context for r in drafting]))
+        fed = [r.first_fed if j == 0 else 1 for r in drafting]
+        ctx = [r.assistant_context + (0 if j == 0 else r.first_fed + j - 1) for r in drafting]
+        if layout == "llama-split":
+            passes += _equal_split([(r.slot, n, c, 1) for r, n, c in zip(drafting, fed, ctx)])
         else:
-            passes.append(([1] * len(drafting), [r.assistant_context + r.first_fed + j - 1 for r in drafting]))
+            passes.append((fed, ctx, len(drafting)))
     return passes
 
 
@@ -123,21 +146,21 @@ class Pricer:
         self.layout = check_layout(layout)
         self._memo: dict[tuple, float] = {}
 
-    def _pass(self, role: str, tokens: list[int], contexts: list[int]) -> float:
+    def _pass(self, role: str, tokens: list[int], contexts: list[int], outputs: int) -> float:
         mean = sum(contexts) / len(contexts)
         ctx = int(round(mean / self.CONTEXT_STEP)) * self.CONTEXT_STEP
-        key = (role, tuple(sorted(tokens)), ctx)
+        key = (role, tuple(sorted(tokens)), ctx, outputs)
         ms = self._memo.get(key)
         if ms is None:
             fn = self.costs.target_ms if role == "target" else self.costs.assistant_ms
-            ms = self._memo[key] = float(fn(list(key[1]), [ctx] * len(tokens)))
+            ms = self._memo[key] = float(fn(list(key[1]), [ctx] * len(tokens), outputs))
         return ms
 
     def draft_ms(self, rows: Sequence[RowPass]) -> float:
-        return sum(self._pass("assistant", t, c) for t, c in draft_passes(rows))
+        return sum(self._pass("assistant", t, c, o) for t, c, o in draft_passes(rows, self.layout))
 
     def verify_ms(self, rows: Sequence[RowPass]) -> float:
-        return sum(self._pass("target", t, c) for t, c in verify_passes(self.layout, rows))
+        return sum(self._pass("target", t, c, o) for t, c, o in verify_passes(self.layout, rows))
 
     def iteration_ms(self, rows: Sequence[RowPass]) -> tuple[float, float]:
         """(drafting ms, verification ms) of one batch iteration."""

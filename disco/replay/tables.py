@@ -294,6 +294,12 @@ def cached_table_paths(cache_dir: str | Path, name: str) -> list[Path]:
 MACHINE_KEYS = ("threads",)  # how this process ran the pair, not what it computes: kept out of a table's meta
 
 
+def pair_meta(pair) -> dict:
+    """What a table records of the pair that computed it (``describe()`` less how this process ran it): the same on
+    every machine that computes the same numbers (a Ray worker's identity too)."""
+    return {k: v for k, v in pair.describe().items() if k not in MACHINE_KEYS}
+
+
 def build_table(pair, prompt_ids: list[int], max_new_tokens: int, cache_dir: str | Path | None = None,
                 name: str = "prompt", progress: Callable[[int, int], None] | None = None,
                 about: dict | None = None) -> ReplayTable:
@@ -320,7 +326,7 @@ def build_table(pair, prompt_ids: list[int], max_new_tokens: int, cache_dir: str
     if table is None or not table.covers(max_new_tokens):
         start = time.perf_counter()
         reference = greedy_continuation(pair, list(prompt_ids), max_new_tokens, progress=progress)
-        meta = {k: v for k, v in pair.describe().items() if k not in MACHINE_KEYS}
+        meta = pair_meta(pair)
         meta.update(prompt_tokens=len(prompt_ids), **({"prompt": about} if about else {}))
         old = table
         table = ReplayTable(prompt_ids, reference, max_new_tokens, pair.eos_ids, meta=meta, path=path)

@@ -58,7 +58,7 @@ def test_no_speculation_from_and_schedules():
     assert "No speculation pays from B = 16" in text and "flat:0.05" in text
 
 
-def test_study_runs_every_point_and_batch_one_speedup_is_the_replay_ratio():
+def test_study_runs_every_point_with_the_target_alone_as_its_baseline():
     tables = [synthetic_table(s) for s in range(4)]
     study = BatchStudy(batches=(1, 4), layouts=("ragged", "padded-k"), rates=("0.5x",),
                        settings=("static:3", "threshold:0.4:20", "batchstop:8"), requests=12, seeds=2)
@@ -78,7 +78,7 @@ def test_default_settings_hold_the_reference_and_the_batch_stop():
     assert "threshold:0.4:20" in settings and "batchstop:20" in settings and settings[0] == "autoregressive"
 
 
-@pytest.mark.parametrize("kwargs", [dict(batches=(0,)), dict(batches=(2000,)), dict(layouts=("diagonal",)),
+@pytest.mark.parametrize("kwargs", [dict(batches=()), dict(batches=(0,)), dict(batches=(2000,)), dict(layouts=("diagonal",)),
                                     dict(rates=("0",)), dict(rates=("-1x",)), dict(settings=("batchstop:x",))])
 def test_bad_study_input_is_one_line(kwargs):
     with pytest.raises((BenchError, ValueError)) as err:
@@ -159,11 +159,11 @@ def test_a_roofline_answer_comes_with_its_band():
     by_split = {"train": tables[:2], "test": tables[2:]}
     costs = roofline_costs("roofline:h100")
     assert "uncalibrated" in costs.label and "H100" in costs.label
-    nominal = answer(run_study(by_split, costs, "roofline:h100:bf16", study, 24, progress=False))
-    band = _band("roofline:h100:bf16", by_split, study, SimpleNamespace(max_new_tokens=24), nominal)
+    band = _band("roofline:h100:bf16", by_split, study, SimpleNamespace(max_new_tokens=24))
     assert list(band["batch"]) == [1, 16] and (band["models"] == 11).all()
-    assert (band["k_low"] <= band["k_high"]).all()
-    assert (band["reference_speedup_low"] <= band["reference_speedup_high"]).all()
+    # the band's models differ: τ 0.4 / 20's speed-up spreads at every B (kernel and host time move its cost ratio)
+    assert (band["reference_speedup_low"] < band["reference_speedup_high"]).all()
+    assert set(band["best_static"]) <= {"static:2", "static:6"} and band["flips"].dtype == bool
     assert "Uncertainty band (predicted on H100" in band_markdown(band, costs.label)
 
 
@@ -209,11 +209,13 @@ def test_synthetic_acceptance_for_each_chosen_k_follows_vllms_rules():
 
 
 def test_a_head_drafter_costs_one_target_layer_and_says_so():
-    from disco.costs.batched import HEAD_NOTE, with_drafter
+    from disco.costs.batched import HEAD_NOTE, head_share, with_drafter
     from disco.costs.roofline import roofline_costs
 
+    # one layer (QKV 3.1M + O 2.4M + MLP 41.3M) and the LM head (233.4M, ~5 layers) of the embedded target's 1,544M
+    assert head_share() == pytest.approx((46_792_704 + 233_373_696) / 1_543_569_408)
     flat = with_drafter(FlatBatch(0.4, 28.0), "head")
-    assert flat.assistant_ms([1, 1], [9, 9]) == pytest.approx(1.0) and HEAD_NOTE in flat.label
+    assert flat.assistant_ms([1, 1], [9, 9]) == pytest.approx(28.0 * head_share()) and HEAD_NOTE in flat.label
     h100 = roofline_costs("roofline:h100")
     head = with_drafter(h100, "head")
     assert head.assistant_shape.layers == 1 and head.assistant_shape.hidden == h100.target_shape.hidden

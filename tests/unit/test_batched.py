@@ -41,32 +41,47 @@ CURVE = CostModel([(1, 10.0), (2, 11.0), (4, 13.0), (8, 17.0), (16, 25.0), (64, 
                   [(1, 2.0), (2, 2.2), (4, 2.6), (8, 3.4), (16, 5.0), (64, 14.6), (512, 104.2)], {"profile": "test"})
 
 
-def row(t, k=4, calls=0, fed=1, tctx=100, actx=100, prefill=False):
-    return RowPass(t, k, calls, fed, tctx, actx, prefill)
+def row(t, k=4, calls=0, fed=1, tctx=100, actx=100, prefill=False, outputs=0, slot=0):
+    return RowPass(t, k, calls, fed, tctx, actx, prefill, outputs, slot)
 
 
 # -- layouts on hand examples ----------------------------------------------------------------------------------------
 
 def test_each_layout_lays_out_a_hand_batch():
-    rows = [row(3, k=4), row(5, k=4), row(1, k=4), row(12, k=4, tctx=0, prefill=True)]
-    assert verify_passes("ragged", rows) == [([3, 5, 1, 12], [100, 100, 100, 0])]
-    assert verify_passes("padded-max", rows) == [([5, 5, 5, 12], [100, 100, 100, 0])]
-    assert verify_passes("padded-k", rows) == [([5, 5, 5, 12], [100, 100, 100, 0])]  # K + 1 = 5 query tokens a row
-    # 21 tokens round up to the next captured size, 24: three pad tokens ride as one extra row
-    assert verify_passes("graph", rows) == [([3, 5, 1, 12, 3], [100, 100, 100, 0, 0])]
-    # llama.cpp's equal split: 1 token from each of four, 2 more from three, 2 more from two, 7 from the last
-    assert verify_passes("llama-split", rows) == [([1, 1, 1, 1], [100, 100, 100, 0]), ([2, 2, 2], [101, 101, 1]),
-                                                  ([2, 2], [103, 3]), ([7], [5])]
+    # three decoding rows (2, 4 and 0 drafts: logits on every position) and a new row (a 10-token prompt, 1 draft)
+    rows = [row(3, k=4, slot=0), row(5, k=4, slot=1), row(1, k=4, slot=2),
+            row(12, k=4, tctx=0, prefill=True, outputs=2, slot=3)]
+    assert verify_passes("ragged", rows) == [([3, 5, 1, 12], [100, 100, 100, 0], 11)]
+    assert verify_passes("padded-max", rows) == [([5, 5, 5, 12], [100, 100, 100, 0], 11)]
+    assert verify_passes("padded-k", rows) == [([5, 5, 5, 12], [100, 100, 100, 0], 11)]  # K + 1 = 5 a row
+    # 21 tokens round up to the next captured size, 24: three pad tokens ride as one extra row (no logits read)
+    assert verify_passes("graph", rows) == [([3, 5, 1, 12, 3], [100, 100, 100, 0, 0], 11)]
+    # llama.cpp's equal split over runs of consecutive slots: 1 token from each of the four; slot 2 is then done, so
+    # slots 0-1 (2 more each) and slot 3 go apart; then slot 1's last 2, then slot 3's last 11, whose last two
+    # tokens are the logits rows it needs
+    assert verify_passes("llama-split", rows) == [([1, 1, 1, 1], [100, 100, 100, 0], 3), ([2, 2], [101, 101], 4),
+                                                  ([2], [103], 2), ([11], [1], 2)]
+
+
+def test_llama_split_starts_a_new_ubatch_at_a_gap_in_the_slots():
+    # slots 0, 1 and 3 (slot 2 finished): llama.cpp's sequential split takes 0-1 together, then 3 alone
+    rows = [row(2, slot=0), row(2, slot=1), row(2, slot=3)]
+    assert verify_passes("llama-split", rows) == [([2, 2], [100, 100], 4), ([2], [100], 2)]
+    assert len(draft_passes([row(2, calls=2, slot=s) for s in (0, 1, 3)], "llama-split")) == 4  # 2 steps x 2 ubatches
+    from disco.models.llama_batch import N_BATCH
+    from disco.replay.layouts import UBATCH
+
+    assert UBATCH == N_BATCH  # the split's cap is the live context's n_ubatch
 
 
 def test_graph_layout_past_the_largest_capture_size_is_not_padded():
     rows = [row(300), row(300)]
-    assert verify_passes("graph", rows) == [([300, 300], [100, 100])]
+    assert verify_passes("graph", rows) == [([300, 300], [100, 100], 600)]
 
 
 def test_drafting_runs_as_deep_as_the_deepest_row_over_every_drafting_row():
     rows = [row(2, calls=1, fed=2), row(4, calls=3, fed=1, actx=50), row(1, calls=0)]
-    assert draft_passes(rows) == [([2, 1], [100, 50]), ([1, 1], [102, 51]), ([1, 1], [103, 52])]
+    assert draft_passes(rows) == [([2, 1], [100, 50], 2), ([1, 1], [102, 51], 2), ([1, 1], [103, 52], 2)]
 
 
 def test_pricer_adds_up_passes_under_the_token_curve():
@@ -223,6 +238,8 @@ def test_steady_window_excludes_ramp_up_and_drain():
     m = metrics(log)
     assert m["steady"] and 0 < m["window_ms"] < log.iterations[-1][0]
     assert m["mean_active"] == pytest.approx(4.0)
+    # closed loop: TTFT counts from admission to a slot (a request's first iteration), not from time 0
+    assert m["ttft_ms_p99"] <= max(it[3] + it[4] for it in log.iterations) + 1e-9
     assert not math.isnan(m["tpot_ms_p99"])
 
 
@@ -242,10 +259,14 @@ def test_a_race_recosted_as_in_a_batch():
         lane = frame[frame["strategy"] == spec]
         assert one[spec]["predicted_ms"] == pytest.approx(lane["iteration_ms"].sum())
     assert one["autoregressive"]["speedup"] == 1.0
-    flat = {r["strategy"]: r for r in recost_trace(frame, 8, Pricer(FlatBatch(0.1), "ragged"))}
-    assert flat["static:3"]["tokens_per_s"] == pytest.approx(8 * one["static:3"]["tokens_per_s"] * 0 +
-                                                             flat["static:3"]["tokens_per_s"])
-    assert isinstance(pd.DataFrame(list(flat.values())), pd.DataFrame)
+    flat1 = {r["strategy"]: r for r in recost_trace(frame, 1, Pricer(FlatBatch(0.1), "ragged"))}
+    flat8 = {r["strategy"]: r for r in recost_trace(frame, 8, Pricer(FlatBatch(0.1), "ragged"))}
+    for spec in ("autoregressive", "static:3"):  # a flat profile makes a batch free: 8 sequences, 8 times the tokens
+        assert flat8[spec]["tokens_per_s"] == pytest.approx(8 * flat1[spec]["tokens_per_s"])
+    for bad in (frame.drop(columns=["draft_calls"]), frame.assign(target_tokens=-1)):
+        with pytest.raises(BatchReplayError):
+            recost_trace(bad, 2, Pricer(FlatBatch(0.1), "ragged"))
+    assert isinstance(pd.DataFrame(list(flat8.values())), pd.DataFrame)
 
 
 def test_cached_iterations_give_the_same_run_as_live_stepping():

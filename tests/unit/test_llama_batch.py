@@ -59,7 +59,7 @@ def test_crop_and_refeed_gives_the_same_rows(gguf_tiny):
         ctx.close()
 
 
-@pytest.mark.parametrize("spec", ["autoregressive", "static:3", "threshold:0.4:8", "pmin:0.3:6", "sglang:3"])
+@pytest.mark.parametrize("spec", ["autoregressive", "static:3", "threshold:0.4:8", "pmin:0.3:6"])
 @pytest.mark.parametrize("layout", ["streams", "unified"])
 def test_live_batched_greedy_equals_batch_one_and_the_replayed_schedule(gguf_tiny, spec, layout):
     ids = [encode_prompt(gguf_tiny, p, False, 16) for p in PROMPTS]
@@ -72,11 +72,18 @@ def test_live_batched_greedy_equals_batch_one_and_the_replayed_schedule(gguf_tin
     for out, table in zip(outputs, tables):
         assert out == table.reference_for(20)[: len(out)]
         assert len(out) == 20 or out[-1] in table.eos
-    if spec.startswith("sglang"):
-        return  # the live decoder keeps SGLang's depth per sequence; the batched replay shares it (not the same rule)
     log = simulate(spec, [Request(i, t) for i, t in enumerate(tables)], len(ids), Pricer(FlatBatch(0.1), "ragged"), 20)
-    assert len(log.iterations) == len(decoder.log)
+    # the same schedule: rows per iteration, tokens sent to the target, draft passes
     assert [it[1] for it in log.iterations] == [it.rows for it in decoder.log]
+    assert [it[5] for it in log.iterations] == [sum(it.target_tokens) for it in decoder.log]
+    assert [it[6] for it in log.iterations] == [it.draft_passes for it in decoder.log]
+
+
+def test_the_live_batched_decoder_refuses_a_shared_state_rule(gguf_tiny):
+    from disco.errors import InputError
+
+    with pytest.raises(InputError):
+        BatchDecoder(gguf_tiny, [[1, 2, 3]], "sglang:3", 8)
 
 
 def test_profile_batch_rows_read_back_as_a_grid(gguf_tiny):

@@ -60,7 +60,8 @@ def test_breakdown_of_a_tiny_config_matches_the_hand_computation(tmp_path):
     # qkv: 8 x (2+2)*4 weights; 2 rows in (8 wide) and out (16 wide)
     hand = {"qkv_proj": (8 * 16 * 2 + 2 * 8 * 2 + 2 * 16 * 2, 2 * 2 * 8 * 16),
             # attention: 5 cached tokens x (K, V) x 1 KV head x 4 dims x 2 bytes, plus q read and output written
-            "attention": (5 * 2 * 1 * 4 * 2 + 2 * 2 * 8 * 2, 4 * 2 * 5 * 2 * 4),
+            # causal FLOPs: each query sees 3 cached keys and 1 or 2 of its own: 4 x (2 x 3 + 1 + 2) x 2 heads x 4 dims
+            "attention": (5 * 2 * 1 * 4 * 2 + 2 * 2 * 8 * 2, 4 * (2 * 3 + 1 + 2) * 2 * 4),
             "o_proj": (8 * 8 * 2 + 2 * 8 * 2 + 2 * 8 * 2, 2 * 2 * 8 * 8),
             # gate+up (8 -> 32) and down (16 -> 8): 3 weight matrices, activations 8 in, 32 out, 16 in, 8 out
             "mlp": (3 * 8 * 16 * 2 + 2 * (8 + 32 + 16 + 8) * 2, 2 * 2 * 3 * 8 * 16),
@@ -68,17 +69,19 @@ def test_breakdown_of_a_tiny_config_matches_the_hand_computation(tmp_path):
             "lm_head": (8 * 32 * 2 + 2 * 8 * 2 + 2 * 32 * 4, 2 * 2 * 8 * 32)}
     assert list(ops) == list(hand)
     assert {k: (op.bytes, op.flops) for k, op in ops.items()} == hand == {
-        "qkv_proj": (352, 512), "attention": (144, 320), "o_proj": (192, 256), "mlp": (1024, 1536),
+        "qkv_proj": (352, 512), "attention": (144, 288), "o_proj": (192, 256), "mlp": (1024, 1536),
         "lm_head": (800, 1024)}
     # 500 bytes/ms (bandwidth efficiency 0.5, the middle of [0.4, 0.6]) and 1000 FLOPs/ms: the max of the two
-    expected = {"qkv_proj": (0.704, "memory"), "attention": (0.32, "compute"), "o_proj": (0.384, "memory"),
+    expected = {"qkv_proj": (0.704, "memory"), "attention": (0.288, "memory"), "o_proj": (0.384, "memory"),
                 "mlp": (2.048, "memory"), "lm_head": (1.6, "memory")}
     for name, (ms, bound) in expected.items():
         assert ops[name].ms == pytest.approx(ms) and ops[name].bound == bound, name
     costs = RooflineCosts("toy", "bf16", True, None, TINY, TINY, toy_file(tmp_path))
     launch = (1 * 10 + 4) * 10 / 1000  # 14 kernels x 10 us
-    assert costs.target_ms([2], [3]) == pytest.approx(5.056 + launch + 1.0)  # host time on the target pass only
-    assert costs.assistant_ms([2], [3]) == pytest.approx(5.056 + launch)
+    assert costs.target_ms([2], [3]) == pytest.approx(5.024 + launch + 1.0)  # host time on the target pass only
+    # a draft step reads one row of logits: the LM head's rows in and logits out halve (8 x 32 x 2 + 8 x 2 + 32 x 4)
+    assert costs.assistant_ms([2], [3]) == pytest.approx(5.024 - 1.6 + (512 + 16 + 128) / 500 + launch)
+    assert costs.target_ms([2], [3], outputs=1) == pytest.approx(costs.assistant_ms([2], [3]) + 1.0)
     assert costs.target_ms([], []) == 0.0
 
 
