@@ -32,7 +32,7 @@ from disco.models.timing import pass_costs, prefill_costs
 from disco.policies import KMAXES, STATIC_KS
 from disco.policies.grids import COARSE_TAUS, default_grid
 from disco.replay.run import replay_many
-from disco.replay.tables import build_table
+from disco.tables.build import opened
 
 VERIFY_SIZES = tuple(range(1, 34))
 QUICK_SIZES = (1, 2, 3, 4, 6, 9, 13, 17, 21)  # a first figure in about a minute, refined by VERIFY_SIZES
@@ -110,12 +110,8 @@ def measure(pair, models: str, prompts=DEFAULT_PROMPTS, max_new_tokens: int = DE
         hits = total = 0
         for prompt in chosen:
             say(f"acceptance ({p}): replaying {len(policies)} settings on {prompt.id} ...")
-            with chunk():
-                table = build_table(view, encoded[prompt.id], max_new_tokens, table_dir, name=prompt.id)
+            with chunk(), opened(view, encoded[prompt.id], max_new_tokens, table_dir, prompt.id) as table:
                 results = replay_many(table, policies, max_new_tokens, costs)
-                if table.dirty and table.path is not None:
-                    table.save()
-                table.release()
             h, t = table.first_token_agreement(max_new_tokens)
             hits, total = hits + h, total + t
             base = results["autoregressive"].summary()["seconds"]

@@ -162,7 +162,7 @@ def timed_prompt(pair, prompt: SuitePrompt, ids: list[int], policies: list[Polic
                  reps: int = 1, reference: list[int] | None = None, peer: bool = True, order_offset: int = 0,
                  costs=None) -> tuple[list[dict], list]:
     """Run ours and the peer back to back for every policy (A B B A ...), ``reps`` times, on the prompt's ``ids``
-    (``disco.bench.prompts.PromptEncoder``).
+    (``disco.tables.phase.TablePhase.ids``).
 
     Returns the runs.csv rows (median seconds over reps) and our engine's per-iteration records."""
     measured: dict[tuple[str, str], list[dict]] = {}

@@ -32,13 +32,10 @@ import pandas as pd
 
 from disco import cache
 from disco.bench.analysis import REFERENCE_SETTING, TIME_TOLERANCE, best_settings, summarize_runs, theory_frame
-from disco.bench.build import build_here, encode_all, merge_cluster_rows, prompts_frame
 from disco.bench.cached import recost_cached
-from disco.bench.cluster import ClusterConfig, PairSpec, build_tables
 from disco.bench.peer import run_ours, timed_prompt, warm_up
-from disco.bench.prompts import Fitting, PromptEncoder
 from disco.bench.report import write_reports
-from disco.bench.runs import environment, replay_grid, run_row
+from disco.bench.runs import replay_grid, run_meta, run_row
 from disco.costs import measure as cost_measure, model as cost_mod, profile as profiles
 from disco.costs.model import CostModel
 from disco.errors import BenchError
@@ -47,6 +44,12 @@ from disco.models.turns import COMPUTE_LOCK
 from disco.policies import AUTOREGRESSIVE, Autoregressive, Policy, parse_strategy
 from disco.policies.grids import deepest_draft, default_grid, with_baseline
 from disco.suites import Picked, Selection, SuitePrompt, pick, pick_prompts, split_prompts
+from disco.tables.cluster import ClusterConfig
+from disco.tables.fitting import Fitting
+from disco.tables.identity import PairSpec
+from disco.tables.phase import Here, TablePhase
+from disco.tables.rows import prompts_frame
+from disco.tables.workers import OnRay
 
 
 @dataclass
@@ -125,8 +128,8 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
         raise BenchError(f"--cost-profile {profile_name} applies to --mode replay only (timed runs are measured "
                          "on this machine)")
     cfg.out.mkdir(parents=True, exist_ok=True)
-    cache_dir = cfg.cache_dir or cache.tables_dir()
-    cluster = None
+    phase = TablePhase(cfg.pair_spec(), cfg.fitting, cfg.cache_dir or cache.tables_dir(), cfg.max_new_tokens)
+    ray, found = None, None
     if cfg.cluster is not None and cfg.mode in ("replay", "both") and pair is None:
         # a profile known without this machine's models: the workers fill the chains the rules reading it need
         known = ()
@@ -136,42 +139,39 @@ def run_bench(cfg: BenchConfig, pair=None) -> dict:
             except cost_mod.CostProfileError as exc:  # e.g. a CSV of several precisions: the tables' is not known yet
                 _log(f"the workers fill the chains of a free assistant only ({exc}); the rest is computed here")
                 known = ()
-        cluster = build_tables(cfg.cluster, cfg.pair_spec(), prompts, specs, cfg.max_new_tokens, cfg.fitting,
-                               cache_dir, cfg.progress, _log, costs=known)
+        ray = OnRay(cfg.cluster, cfg.progress, _log)
+        found = phase.using(ray).ensure(prompts, specs, known)
     if profile_name != cost_mod.MEASURED and pair is None:
-        result = recost_cached(cfg, picked, prompts, specs, profile_name, cluster)
+        result = recost_cached(cfg, picked, prompts, specs, profile_name, phase, found, ray)
         if result is not None:
             return result
     pair = resolve_assistant(pair or load_pair(cfg.models, dtype=cfg.dtype, device=cfg.device, engine=cfg.engine),
                              cfg.assistant_precision, log=_log)
     with COMPUTE_LOCK:  # the models are this benchmark's alone while it runs (an app in this process waits)
-        return _run_loaded(cfg, pair, picked, prompts, specs, profile_name, wall, cluster)
+        return _run_loaded(cfg, pair, picked, prompts, specs, profile_name, wall, phase.using(Here(pair, cfg.progress)),
+                           ray)
 
 
 def _run_loaded(cfg: BenchConfig, pair, picked: Picked, prompts: list[SuitePrompt], specs: list[Policy],
-                profile_name: str, wall: float, cluster=None) -> dict:
-    meta = environment(pair)
-    meta.update(command=cfg.command, **picked.describe(), fitting=cfg.fitting.words(), max_new_tokens=cfg.max_new_tokens,
-                mode=cfg.mode, grid_size=len(specs), time_tolerance_pct=100 * TIME_TOLERANCE)
-    encoder = PromptEncoder(pair, cfg.max_new_tokens, cfg.cache_dir or cache.tables_dir(), cfg.fitting)
+                profile_name: str, wall: float, phase: TablePhase, ray: OnRay | None = None) -> dict:
+    meta = run_meta(cfg, picked, specs, cfg.mode, pair, time_tolerance_pct=100 * TIME_TOLERANCE)
     runs: list[dict] = []
-    costs, theory, tables = None, None, {}
+    costs, theory = None, None
     drafts: list[dict] = []  # every replayed drafting iteration (acceptance by draft position)
 
     if cfg.mode in ("replay", "both"):
         t0 = time.perf_counter()
-        tables, prompts, rows = build_here(pair, prompts, specs, cfg.max_new_tokens, cfg.cache_dir or cache.tables_dir(),
-                                           encoder, cfg.progress)
+        done = phase.ensure(prompts, specs)
         meta["tables_seconds"] = time.perf_counter() - t0
-        if cluster is not None:
-            rows = merge_cluster_rows(rows, cluster.rows)
-            meta["ray"] = {"address": cfg.cluster.address, "threads": cfg.cluster.threads, **cluster.summary()}
+        if ray is not None:
+            meta["ray"] = ray.describe()
     else:
-        prompts, rows = encode_all(prompts, encoder)
+        done = phase.encode(prompts)
+    tables, prompts, rows = done.tables, done.prompts, done.rows
     _prompt_counts(meta, rows)
     if not prompts:
         raise BenchError("every selected prompt is too long for the context or the prompt budget (see --long-prompts)")
-    encoded = {p.id: encoder.ids(p) for p in prompts}
+    encoded = {p.id: phase.ids(p) for p in prompts}
 
     if cfg.mode in ("replay", "both"):
         # costs are measured after the tables (models warm) and right before the timed runs, so that the
@@ -192,7 +192,7 @@ def _run_loaded(cfg: BenchConfig, pair, picked: Picked, prompts: list[SuitePromp
         theory = theory_frame(meta["alpha"], costs.cost_ratio, costs, summary)
 
     if cfg.mode in ("timed", "both"):
-        runs += _timed(cfg, pair, prompts, encoder, encoded, tables, runs, costs, meta)
+        runs += _timed(cfg, pair, prompts, phase.encoder, encoded, tables, runs, costs, meta)
 
     meta["wall_seconds"] = time.perf_counter() - wall
     return write_reports(cfg.out, pd.DataFrame(runs), meta, theory, drafts=pd.DataFrame(drafts),

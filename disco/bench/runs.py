@@ -1,21 +1,19 @@
-"""The runs table: one row per prompt x setting x mode, this machine's environment, and replay of the grid
-on one prompt (``disco.replay`` does the replaying)."""
+"""The runs table: one row per prompt x setting x mode, this machine's environment and a run's meta, and replay of
+the grid on every prompt's table (``disco.replay`` does the replaying)."""
 
 from __future__ import annotations
 
 import math
 import os
 import platform
-from pathlib import Path
 
-from disco.costs.model import CostModel, flat
+from disco.costs.model import CostModel
 from disco.machine import cpu_info, flags_line
 from disco.models.keys import machine_key
 from disco.errors import UserError
 from disco.policies import AUTOREGRESSIVE, Policy, parse_strategy
 from disco.policies.classifier import weights_summary
 from disco.replay.run import replay_many
-from disco.replay.tables import build_table
 from disco.suites import SuitePrompt
 
 
@@ -44,6 +42,24 @@ def environment(pair, info: dict | None = None) -> dict:
                 machine=flags_line(machine_key("-", "cpu", engine)))
     info["disco_classifier"] = weights_summary()
     return info
+
+
+TABLE_PAIR_KEYS = ("models", "target", "assistant", "dtype", "device", "engine")  # what a table's meta says of its pair
+
+
+def run_meta(cfg, picked, specs: list, mode: str, pair=None, tables: dict | None = None, **extra) -> dict:
+    """A benchmark run's meta, the one builder: its models (the ``pair`` loaded, or, models not loaded, what its cached
+    ``tables`` say of theirs), this machine, the command, the selection (``picked``), the length rule, the run length,
+    the mode and the grid's size, then ``extra``."""
+    if pair is not None:
+        meta = environment(pair)
+    else:
+        first = next(iter(tables.values())).meta
+        meta = environment(None, {k: first.get(k) for k in TABLE_PAIR_KEYS})
+        meta["assistant_precision"] = first.get("assistant_precision", "model")
+    meta.update(command=cfg.command, **picked.describe(), fitting=cfg.fitting.words(), max_new_tokens=cfg.max_new_tokens,
+                mode=mode, grid_size=len(specs), **extra)
+    return meta
 
 
 PEER_PREFIX = "hf:"  # a timed row of transformers' own generate (disco.bench.peer)
@@ -110,31 +126,6 @@ def run_row(prompt: SuitePrompt, strategy: str, mode: str, implementation: str, 
         row[key] = meta.get(key)
     row.update(extra)  # a row of another engine names its own (bench --other-engine)
     return row
-
-
-def prepare_table(pair, prompt: SuitePrompt, policies: list[Policy], max_new_tokens: int, cache_dir: Path | None,
-                  encoder, fill=None, costs: tuple = ()):
-    """Build (or load) one prompt's table and make sure it holds every chain token ``policies`` need under a free
-    assistant and under each of ``costs`` (rules that read the cost profile draft differently under each), and what
-    ``fill(table)`` reads (the classifier's training samples). ``encoder`` (``disco.bench.prompts.PromptEncoder``)
-    gives its ids and raises PromptSkipped where the length rule drops it."""
-    ids = encoder.ids(prompt)
-    table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id, about=encoder.about(prompt))
-    # a cost-aware policy needs some cost model to run; a free assistant drafts the deepest chains (what a profile
-    # not given here needs beyond them is computed when the grid is replayed with the models attached)
-    results = replay_many(table, policies, max_new_tokens, flat(0.0))
-    for model in costs:
-        replay_many(table, policies, max_new_tokens, model)
-    if fill is not None:
-        fill(table)
-    if table.builder is not None and table.builder.passes:
-        table.stats["chain_passes"] = table.stats.get("chain_passes", 0) + table.builder.passes
-        table.stats["chain_seconds"] = table.stats.get("chain_seconds", 0.0) + table.builder.ms / 1000.0
-        table.builder.passes, table.builder.ms = 0, 0.0
-    if table.dirty:
-        table.save()
-    table.release()  # a benchmark holds a table per prompt: chains still missing later get a new session
-    return table, results
 
 
 def replay_grid(tables: dict, prompts: list[SuitePrompt], specs: list[Policy], max_new_tokens: int, costs: CostModel,

@@ -25,22 +25,24 @@ import time
 import pandas as pd
 
 from disco import cache, options, suites
-from disco.bench import cluster, prompts as prompt_fit
 from disco.bench.analysis import REFERENCE_SETTING, best_settings, geomean, summarize_runs
-from disco.bench.prompts import PromptEncoder, PromptSkipped
-from disco.bench.runs import environment, prepare_table, replay_rows
+from disco.bench.runs import environment, replay_rows
 from disco.costs import measure as cost_measure, model as cost_mod
 from disco.costs.model import CostModel
 from disco.decode.live import Decoder
 from disco.decode.race import lane_pair
 from disco.decode.settings import DecodeSettings
 from disco.errors import BenchError
-from disco.models import load_resolved
 from disco.models.turns import COMPUTE_LOCK
 from disco.policies import AUTOREGRESSIVE, KMAXES, STATIC_KS, TAUS, Policy, parse_strategy
 from disco.policies.grids import default_grid
 from disco.replay.run import replay_many
 from disco.suites import SuitePrompt
+from disco.tables import cluster, fitting as prompt_fit
+from disco.tables.fitting import PromptSkipped
+from disco.tables.identity import PairSpec
+from disco.tables.phase import Here, TablePhase
+from disco.tables.workers import OnRay
 
 TEMPERATURES = (0.7, 1.0)
 SEEDS = 3
@@ -77,17 +79,17 @@ def run_one(pair, ids: list[int], policy: Policy, max_new_tokens: int, temperatu
 
 def run_study(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_tokens: int, costs: dict[str, CostModel],
               temperatures=TEMPERATURES, seeds: int = SEEDS, top_p: float = 1.0, progress=None,
-              encoder=None) -> pd.DataFrame:
-    """Every (prompt, temperature, seed, policy) run once, the target alone included; one row each. ``encoder``
-    (``disco.bench.prompts.PromptEncoder``) gives each prompt's ids (default: one without a cache)."""
-    encoder = encoder or PromptEncoder(pair, max_new_tokens, None)
+              phase: TablePhase | None = None) -> pd.DataFrame:
+    """Every (prompt, temperature, seed, policy) run once, the target alone included; one row each. ``phase``
+    (``disco.tables.phase.TablePhase``) gives each prompt's ids (default: the pair's, without a cache)."""
+    phase = phase or TablePhase.here(pair, max_new_tokens, None)
     specs = [p.spec for p in policies]
     if AUTOREGRESSIVE not in specs:
         policies = [parse_strategy(AUTOREGRESSIVE), *policies]
     rows = []
     total = len(prompts) * len(temperatures) * seeds * len(policies)
     for p in prompts:
-        ids = encoder.ids(p)
+        ids = phase.ids(p)
         for t in temperatures:
             for seed in range(seeds):
                 for policy in policies:
@@ -203,16 +205,16 @@ def choice_grid() -> list[Policy]:
     return default_grid(STATIC_KS, TAUS, KMAXES, heuristic=(), oracle=False, kinds=())
 
 
-def _choose(pair, prompts, max_new_tokens: int, costs: dict[str, CostModel], cache_dir, log,
-            encoder) -> dict[str, list[str]]:
+def _choose(prompts, costs: dict[str, CostModel], log, phase: TablePhase) -> dict[str, list[str]]:
     """Per cost profile, the best static K and the best threshold of greedy replay on ``prompts`` (the train split);
-    the tables come from (and go to) ``cache_dir``, so a benchmark's tables are reused."""
+    the tables come from (and go to) the phase's cache, so a benchmark's tables are reused."""
+    max_new_tokens = phase.max_new_tokens
     grid = choice_grid()
     tables = []
     for i, p in enumerate(prompts):
         log(f"greedy replay on the train prompts: {p.id} ({i + 1}/{len(prompts)})")
         try:
-            tables.append((p, prepare_table(pair, p, grid, max_new_tokens, cache_dir, encoder)[0]))
+            tables.append((p, phase.prepare(p, grid)[0]))
         except PromptSkipped as exc:
             log(f"skipped {exc}")
     chosen = {}
@@ -226,12 +228,12 @@ def _choose(pair, prompts, max_new_tokens: int, costs: dict[str, CostModel], cac
     return chosen
 
 
-def _fitting(prompts: list[SuitePrompt], encoder, log) -> list[SuitePrompt]:
+def _fitting(prompts: list[SuitePrompt], phase: TablePhase, log) -> list[SuitePrompt]:
     """The prompts the length rule keeps (the others named once)."""
     kept = []
     for p in prompts:
         try:
-            encoder.ids(p)
+            phase.ids(p)
             kept.append(p)
         except PromptSkipped as exc:
             log(f"skipped {exc}")
@@ -240,13 +242,8 @@ def _fitting(prompts: list[SuitePrompt], encoder, log) -> list[SuitePrompt]:
     return kept
 
 
-def cmd_sampling(args) -> int:
-    import json
-    import sys
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
+def _checked(args) -> tuple[list[float], set[str], list[Policy] | None]:
+    """The command's temperatures, flat profiles and given strategies (None: chosen by replay), checked."""
     temps = list(dict.fromkeys(args.temperatures))
     if any(not 0 < t <= 5 for t in temps):
         raise BenchError("--temperatures: each must be in (0, 5]")
@@ -261,26 +258,36 @@ def cmd_sampling(args) -> int:
         raise BenchError("the oracle needs greedy decoding; it has no place in a sampling study")
     if strategies is not None and not any(p.drafts for p in strategies):
         raise BenchError("--strategies: give at least one setting that drafts (the target alone is always run)")
+    return temps, flats, strategies
+
+
+def cmd_sampling(args) -> int:
+    import json
+    import sys
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    temps, flats, strategies = _checked(args)
     picked = suites.pick(suites.selection_from_args(args))
     train, test = suites.split_prompts(picked.prompts, "train"), suites.split_prompts(picked.prompts, "test")
     if not test or (strategies is None and not train):
         raise BenchError("the selected prompts need both a train and a test split (or give --strategies)")
-    fitting, cache_dir = prompt_fit.fitting_from_args(args), args.cache_dir or cache.tables_dir()
+    spec = PairSpec.from_args(args)
+    phase = TablePhase(spec, prompt_fit.fitting_from_args(args), args.cache_dir or cache.tables_dir(),
+                       args.max_new_tokens)
     ray = cluster.config_from_args(args)
     if ray is not None and strategies is None:  # the train prompts' tables, for the choice of settings
-        spec = cluster.PairSpec(args.models, args.engine, args.dtype, args.device, args.assistant_precision)
-        cluster.build_tables(ray, spec, train, choice_grid(), args.max_new_tokens, fitting, cache_dir,
-                             not args.no_progress, log)
-    pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=log, engine=args.engine)
+        phase.using(OnRay(ray, not args.no_progress, log)).ensure(train, choice_grid())
+    pair = spec.load(log=log)
     start = time.perf_counter()
     with COMPUTE_LOCK:
-        encoder = prompt_fit.PromptEncoder(pair, args.max_new_tokens, cache_dir, fitting)
-        test = _fitting(test, encoder, log)
-        measured = cost_measure.suite_costs(pair, [encoder.ids(p) for p in test], 20, reps=2)
+        phase = phase.using(Here(pair, progress=False))
+        test = _fitting(test, phase, log)
+        measured = cost_measure.suite_costs(pair, [phase.ids(p) for p in test], 20, reps=2)
         costs = {"measured": measured, **{name: cost_mod.resolve(name, step_ms=measured.target_ms(1))
                                           for name in sorted(flats)}}
-        by_cost = ({"given": [p.spec for p in strategies]} if strategies else
-                   _choose(pair, train, args.max_new_tokens, costs, cache_dir, log, encoder))
+        by_cost = {"given": [p.spec for p in strategies]} if strategies else _choose(train, costs, log, phase)
         chosen = list(dict.fromkeys([s for specs in by_cost.values() for s in specs] +
                                     ([] if strategies else [REFERENCE_SETTING])))
         log(f"sampling {', '.join(chosen)} on {len(test)} test prompts, T = {', '.join(f'{t:g}' for t in temps)}, "
@@ -293,14 +300,14 @@ def cmd_sampling(args) -> int:
                        file=sys.stderr, dynamic_ncols=True)
         rows = run_study(pair, test, [parse_strategy(s) for s in chosen], args.max_new_tokens, costs, temps,
                          args.seeds, args.top_p, progress=(lambda done, total: bar.update(1)) if bar else None,
-                         encoder=encoder)
+                         phase=phase)
         if bar is not None:
             bar.close()
     table = summary(rows, [*costs, "wall"])
     meta = environment(pair)
     meta.update(command="python -m disco sampling " + " ".join(args.argv), chosen=chosen, chosen_by_cost=by_cost,
                 prompts=len(test), **{k: v for k, v in picked.describe().items() if k != "prompts"},
-                prompts_skipped=[{"id": i, "reason": r} for i, r in encoder.skipped.items()],
+                prompts_skipped=[{"id": i, "reason": r} for i, r in phase.encoder.skipped.items()],
                 max_new_tokens=args.max_new_tokens, top_p=args.top_p, seeds=args.seeds, temperatures=temps,
                 costs={k: v.to_dict() for k, v in costs.items()}, wall_seconds=time.perf_counter() - start)
     args.out.mkdir(parents=True, exist_ok=True)

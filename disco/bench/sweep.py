@@ -11,7 +11,6 @@ import pandas as pd
 from disco import cache
 from disco.bench.analysis import add_decode_speedup, summarize_runs
 from disco.bench.runs import environment, replay_rows
-from disco.bench.prompts import Fitting, PromptEncoder, PromptSkipped
 from disco.costs import model as cost_mod
 from disco.costs.measure import cached_costs, known_costs
 from disco.costs.model import CostModel
@@ -19,8 +18,9 @@ from disco.errors import BenchError, Interrupted
 from disco.policies import Policy
 from disco.policies.grids import deepest_draft, with_baseline
 from disco.replay.run import replay_many
-from disco.replay.tables import build_table
 from disco.suites import SuitePrompt
+from disco.tables.fitting import Fitting, PromptSkipped
+from disco.tables.phase import TablePhase
 
 
 @dataclass
@@ -48,19 +48,19 @@ def sweep(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_toke
     ``on_progress(fraction, message)`` reports the work inside a prompt (for progress bars). ``should_stop`` is
     polled with every progress report (at most about every quarter second or decoded token): when it turns
     true the prompt in progress is dropped (its cached table is not saved) and the sweep ends; every update
-    yielded before holds only completed prompts. ``fitting``: the length rule (``disco.bench.prompts``); a prompt it
+    yielded before holds only completed prompts. ``fitting``: the length rule (``disco.tables.fitting``); a prompt it
     skips counts as done and is named in ``SweepUpdate.skipped``.
     """
     if not prompts:
         raise BenchError("pick at least one prompt")
     cache_dir = cache.tables_dir() if cache_dir is None else cache_dir
     policies = with_baseline(policies)
-    encoder = PromptEncoder(pair, max_new_tokens, cache_dir, fitting)
+    phase = TablePhase.here(pair, max_new_tokens, cache_dir, fitting)
     kmax = deepest_draft(policies)
     meta = environment(pair)
     meta["max_new_tokens"] = max_new_tokens
     report = on_progress or (lambda fraction, message: None)
-    costs = sweep_costs(pair, _single_turn_ids(prompts, encoder), kmax, cost_profile, meta, report)
+    costs = sweep_costs(pair, _single_turn_ids(prompts, phase), kmax, cost_profile, meta, report)
     runs: list[dict] = []
     n = len(prompts)
     for i, p in enumerate(prompts):
@@ -69,36 +69,31 @@ def sweep(pair, prompts: list[SuitePrompt], policies: list[Policy], max_new_toke
                 raise Interrupted(p.id)
             report((i + fraction) / n, f"prompt {i + 1}/{n} ({p.id}): {what}")
 
-        table = None
         try:
             at(0.0, "target's greedy output")
             try:
-                ids = encoder.ids(p)
+                phase.ids(p)
             except PromptSkipped:
-                yield _update(i + 1, n, runs, encoder)
+                yield _update(i + 1, n, runs, phase)
                 continue
-            table = build_table(pair, ids, max_new_tokens, cache_dir, name=p.id, about=encoder.about(p),
-                                progress=lambda done, total: at(0.5 * done / total, f"target's greedy output {done}/{total}"))
-            replay_many(table, policies, max_new_tokens, costs, progress=lambda f: at(0.5 + 0.5 * f, "assistant's chains"))
+            # an interrupted prompt's table is let go unsaved (``disco.tables.build.opened``)
+            with phase.table(p, progress=lambda done, total: at(0.5 * done / total,
+                                                                f"target's greedy output {done}/{total}")) as table:
+                results = replay_many(table, policies, max_new_tokens, costs,
+                                      progress=lambda f: at(0.5 + 0.5 * f, "assistant's chains"))
         except Interrupted:
-            if table is not None:
-                table.release()
             return
-        if table.dirty:
-            table.save()
-        results = replay_many(table, policies, max_new_tokens, costs)
-        table.release()
         runs += replay_rows(p, table, results, meta)
-        yield _update(i + 1, n, runs, encoder)
+        yield _update(i + 1, n, runs, phase)
 
 
-def _update(done: int, total: int, runs: list[dict], encoder: PromptEncoder) -> SweepUpdate:
+def _update(done: int, total: int, runs: list[dict], phase: TablePhase) -> SweepUpdate:
     frame = add_decode_speedup(pd.DataFrame(runs))
     return SweepUpdate(done, total, frame, summarize_runs(frame), f"{done}/{total} prompts replayed",
-                       dict(encoder.skipped), encoder.cut)
+                       dict(phase.encoder.skipped), phase.encoder.cut)
 
 
-def _single_turn_ids(prompts: list[SuitePrompt], encoder: PromptEncoder) -> list[list[int]]:
+def _single_turn_ids(prompts: list[SuitePrompt], phase: TablePhase) -> list[list[int]]:
     """Token ids to calibrate costs on (if none are cached yet): the single-turn prompts that fit, which needs no model;
     else the first multi-turn prompt that fits (its earlier turns are decoded, as the sweep would anyway)."""
     out = []
@@ -106,11 +101,12 @@ def _single_turn_ids(prompts: list[SuitePrompt], encoder: PromptEncoder) -> list
         if p.history and out:
             break
         try:
-            out.append(encoder.ids(p))
+            out.append(phase.ids(p))
         except PromptSkipped:
             continue
     if not out:
-        raise BenchError(f"no selected prompt fits: {next(iter(encoder.skipped.values()), 'none could be encoded')}")
+        skipped = phase.encoder.skipped
+        raise BenchError(f"no selected prompt fits: {next(iter(skipped.values()), 'none could be encoded')}")
     return out
 
 
@@ -133,13 +129,8 @@ def sweep_costs(pair, encoded: list[list[int]], kmax: int, cost_profile: str | N
 def replay_iterations(pair, prompt: SuitePrompt, policy: Policy, max_new_tokens: int, cache_dir: Path | None = None,
                       cost_profile: str | None = None, fitting: Fitting | None = None) -> pd.DataFrame:
     """The per-iteration trace replay predicts for one setting on one prompt (for the Sweep tab's detail view)."""
-    cache_dir = cache.tables_dir() if cache_dir is None else cache_dir
-    encoder = PromptEncoder(pair, max_new_tokens, cache_dir, fitting)
-    ids = encoder.ids(prompt)
-    table = build_table(pair, ids, max_new_tokens, cache_dir, name=prompt.id, about=encoder.about(prompt))
-    costs = sweep_costs(pair, [ids], 20, cost_profile, environment(pair))
-    results = replay_many(table, [policy], max_new_tokens, costs)
-    if table.dirty:
-        table.save()
-    table.release()
+    phase = TablePhase.here(pair, max_new_tokens, cache.tables_dir() if cache_dir is None else cache_dir, fitting)
+    with phase.table(prompt) as table:
+        costs = sweep_costs(pair, [list(table.prompt_ids)], 20, cost_profile, environment(pair))
+        results = replay_many(table, [policy], max_new_tokens, costs)
     return results[policy.spec].frame()

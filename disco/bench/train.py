@@ -14,15 +14,26 @@ on the test split (ROC AUC, accuracy, the replay speed-up) are stored beside the
 
 from __future__ import annotations
 
+import functools
+import json
 import math
+import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 
+from disco import cache, options, suites
+from disco.costs import measure as cost_measure, model as cost_mod
+from disco.errors import InputError
 from disco.policies import AUTOREGRESSIVE, Autoregressive, DraftStep
-from disco.policies.classifier import FEATURES, ClassifierWeights, Disco, step_features
+from disco.policies.classifier import DEFAULT_WEIGHTS, FEATURES, ClassifierWeights, Disco, step_features
 from disco.replay.run import replay_many
 from disco.replay.tables import ChainEnded
+from disco.tables import cluster, fitting as prompt_fit
+from disco.tables.identity import PairSpec
+from disco.tables.phase import Here, TablePhase
+from disco.tables.workers import OnRay
 
 # 0.05 steps, and finer below 0.05: with a cheap draft (flat:0.05) the best threshold sits near the draft's cost
 THRESHOLDS = (0.01, 0.02, 0.03, *(round(0.05 * i, 2) for i in range(1, 20)))
@@ -136,3 +147,73 @@ def train(train_tables: dict, test_tables: dict, costs, max_new_tokens: int, kma
         pass
     weights.meta = info
     return weights
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+
+
+def add_command(sub) -> None:
+    p = sub.add_parser("train", help="train the DISCO classifier (disco:KMAX lanes) from replay tables")
+    options.add_models(p)
+    options.add_numerics(p)
+    suites.add_arguments(p)
+    prompt_fit.add_arguments(p)
+    cluster.add_arguments(p)
+    p.add_argument("--max-new-tokens", type=options.integer, default=48, help="tokens per prompt (default 48)")
+    p.add_argument("--kmax", type=options.integer, default=20, help="deepest draft step sampled and the KMAX tuned for")
+    p.add_argument("--cost-profile", default="measured", metavar="PROFILE",
+                   help="costs the stop threshold is tuned under: measured (default), flat:C, or a profile CSV")
+    p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default: the one cache)")
+    p.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS, help=f"weights file (default {DEFAULT_WEIGHTS.name} in assets/)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args) -> int:
+    log = _log
+    if not 1 <= args.kmax <= 64:
+        raise InputError(f"--kmax must be between 1 and 64, got {args.kmax}")
+    if not 2 <= args.max_new_tokens <= 512:
+        raise InputError(f"--max-new-tokens must be between 2 and 512, got {args.max_new_tokens}")
+    profile = cost_mod.check_profile(args.cost_profile)
+    fitting = prompt_fit.fitting_from_args(args)
+    ray = cluster.config_from_args(args)
+    prompts = suites.pick(suites.selection_from_args(args)).prompts
+    if not any(p.split == "train" for p in prompts):
+        raise InputError("the selected prompts hold no train-split prompt")
+    out = args.out.expanduser()
+    if out.is_dir() or not out.resolve().parent.is_dir():
+        raise InputError(f"cannot write {out}: give a file in an existing folder")
+    spec = PairSpec.from_args(args)
+    phase = TablePhase(spec, fitting, args.cache_dir or cache.tables_dir(), args.max_new_tokens)
+    if ray is not None:  # what training reads of a table: the chain from every position, as deep as it agrees (+1)
+        phase.using(OnRay(ray, not args.no_progress, log)).ensure(
+            prompts, [], fill=functools.partial(samples, max_new_tokens=args.max_new_tokens, kmax=args.kmax))
+    pair = spec.load(log=log)
+    phase = phase.using(Here(pair, not args.no_progress))
+    done = phase.ensure(prompts, [])
+    tables, prompts, skipped = done.tables, done.prompts, phase.encoder.skipped
+    if skipped:
+        log(f"skipped {len(skipped)} prompts that do not fit: {', '.join(list(skipped)[:5])}")
+    which = {p.id: p.split for p in prompts}
+    costs = cost_mod.resolve(profile, measured=lambda: cost_measure.cached_costs(
+        pair, [phase.ids(p) for p in prompts], args.kmax), precision=pair.assistant_precision)
+    meta = dict(pair.describe())
+    meta.update(cost_profile=profile, command="python -m disco train " + " ".join(sys.argv[2:]))
+    weights = train({k: t for k, t in tables.items() if which[k] == "train"},
+                    {k: t for k, t in tables.items() if which[k] == "test"},
+                    costs, args.max_new_tokens, args.kmax, meta, log)
+    for t in tables.values():
+        if t.dirty:
+            t.save()
+    out.write_text(json.dumps(weights.to_dict(), indent=1) + "\n")
+    test = weights.meta["test"]
+    log(f"wrote {out}: threshold {weights.threshold:g}; test split: ROC AUC {test.get('roc_auc', math.nan):.3f}, "
+        f"accuracy {test.get('accuracy', math.nan):.3f} on {test.get('samples', 0)} samples, replay speed-up "
+        f"{weights.meta['test_replay_speedup']:.3f}x")
+    return 0

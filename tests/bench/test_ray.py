@@ -1,7 +1,9 @@
-"""Replay tables built on a Ray cluster (``disco.bench.cluster``), on a real two-node Ray cluster in this process
-(``ray.cluster_utils.Cluster``: two raylets of one CPU each) with the tiny pair: the same bytes as a sequential
-build, resumable, a worker that dies mid-question replaced and the question built elsewhere, one line when the
-cluster cannot be reached or no worker can load the pair; and the commands' ``--ray``. Ray is installed by the test
+"""Replay tables built on a Ray cluster (``disco.tables.cluster``, the table phase's executor
+``disco.tables.workers.OnRay``), on a real two-node Ray cluster in this process (``ray.cluster_utils.Cluster``: two
+raylets of one CPU each) with the tiny pair: the same bytes as a sequential build, the build's only result the cache
+(the phase reads the tables back, naming the worker that built each), resumable, a worker that dies mid-question
+replaced and the question built elsewhere, one line when the cluster cannot be reached or no worker can load the
+pair; and the commands' ``--ray``. Ray is installed by the test
 command (requirements-ray.txt), so these run in CI."""
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import ray
 from ray.cluster_utils import Cluster
 
 from disco import cli, suites
-from disco.bench import cluster as ray_tables
-from disco.bench.build import build_here
-from disco.bench.prompts import Fitting, PromptEncoder
 from disco.errors import BenchError
+from disco.tables import cluster as ray_tables
+from disco.tables.fitting import Fitting
+from disco.tables.identity import PairSpec
+from disco.tables.phase import Here, TablePhase
+from disco.tables.workers import OnRay, build_tables
 from disco.policies import parse_strategy
 from disco.policies.grids import with_baseline
 
@@ -55,8 +59,7 @@ def prompts(tmp_path_factory):
 
 
 def sequential(tiny_pair, prompts, folder: Path) -> dict[str, bytes]:
-    encoder = PromptEncoder(tiny_pair, MAX_NEW, folder)
-    build_here(tiny_pair, prompts, GRID, MAX_NEW, folder, encoder, progress=False)
+    TablePhase(PairSpec("tiny"), Fitting(), folder, MAX_NEW, Here(tiny_pair, progress=False)).ensure(prompts, GRID)
     return files(folder)
 
 
@@ -64,30 +67,45 @@ def files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.glob("*.json"))}
 
 
-def build(address, prompts, folder, log=None, **config):
+class Built:
+    """A cluster build through the table phase: what it cost (``run``), where each prompt was built (``built``: the
+    phase's record, by prompt id) and the tables the phase read back from the cache (``found``)."""
+
+    def __init__(self, run, built: dict, found):
+        self.run, self.built, self.found = run, built, found
+
+
+def build(address, prompts, folder, log=None, **config) -> Built:
     cfg = ray_tables.ClusterConfig(address, threads=1, **config)
-    return ray_tables.build_tables(cfg, ray_tables.PairSpec("tiny"), prompts, GRID, MAX_NEW, Fitting(), folder,
-                                   progress=False, log_line=(log.append if log is not None else lambda line: None))
+    phase = TablePhase(PairSpec("tiny"), Fitting(), folder, MAX_NEW)
+    ray = OnRay(cfg, progress=False, log_line=(log.append if log is not None else lambda line: None))
+    found = phase.using(ray).ensure(prompts, GRID)
+    return Built(ray.run, phase.built, found)
 
 
 def test_tables_from_two_nodes_are_the_bytes_of_a_sequential_build_and_resume(two_nodes, prompts, tiny_pair, tmp_path):
     expected = sequential(tiny_pair, prompts, tmp_path / "sequential")
     assert len(expected) == len(prompts)  # one table per turn; the multi-turn question's first turn included
-    run = build(two_nodes, prompts, tmp_path / "cluster")
+    first = build(two_nodes, prompts, tmp_path / "cluster")
     assert files(tmp_path / "cluster") == expected
-    assert run.workers == 2 and run.cached == 0 and len(run.rows) == len(prompts)
-    assert len({r["built_by"] for r in run.rows}) == 2  # both workers, one on each node, built questions
+    run = first.run
+    assert run.workers == 2 and run.cached == 0 and len(first.built) == len(prompts)
+    assert len({r["built_by"] for r in first.built.values()}) == 2  # both workers, one on each node, built questions
     summary = run.summary()
     assert summary["prompts_built"] == len(prompts) and summary["overhead_seconds_per_question_median"] >= 0
+    # the build's only result is the cache: the phase reads every table back, its row naming the worker
+    assert not first.found.missing and set(first.found.tables) == {p.id for p in prompts}
+    assert all(r["built_by"].startswith("ray:") and r["unit_seconds"] > 0 for r in first.found.rows)
     # resumable: nothing is sent again ...
     log = []
     again = build(two_nodes, prompts, tmp_path / "cluster", log)
-    assert again.cached == len(prompts) and not again.rows and "nothing to send" in log[0]
+    assert again.run.cached == len(prompts) and not again.built and "nothing to send" in log[0]
+    assert {r["built_by"] for r in again.found.rows} == {"cache"}
     # ... but a lost table is, with its question (the later turn needs its first turn's answer)
     lost = next(n for n in expected if n.startswith("81-t2-"))
     (tmp_path / "cluster" / lost).unlink()
     third = build(two_nodes, prompts, tmp_path / "cluster")
-    assert {r["prompt_id"] for r in third.rows} == {"81-t1", "81-t2"} and third.cached == len(prompts) - 2
+    assert set(third.built) == {"81-t1", "81-t2"} and third.run.cached == len(prompts) - 2
     assert files(tmp_path / "cluster") == expected
 
 
@@ -101,7 +119,7 @@ def test_a_table_missing_chains_is_extended_as_a_sequential_build_extends_it(two
         for other, data in full.items():
             (tmp_path / folder / other).write_bytes(json.dumps(partial).encode() if other == name else data)
     run = build(two_nodes, prompts, tmp_path / "cluster")
-    assert [r["prompt_id"] for r in run.rows] == ["82-t1"]
+    assert list(run.built) == ["82-t1"]
     assert files(tmp_path / "cluster") == sequential(tiny_pair, prompts, tmp_path / "here")
 
 
@@ -112,11 +130,11 @@ def test_a_worker_that_dies_mid_question_is_replaced_and_the_question_built_else
     def crash_once():  # runs in every worker process (Ray's worker_process_setup_hook); pickled by value
         import os as _os
 
-        from disco.bench import runs
+        from disco.tables import build as table_build
 
-        real = runs.prepare_table
+        real = table_build.prepare
 
-        def prepare_table(pair, prompt, *args, **kwargs):
+        def prepare(pair, prompt, *args, **kwargs):
             if prompt.id == "101" or prompt.id == "101-t1":
                 try:
                     fd = _os.open(str(marker), _os.O_CREAT | _os.O_EXCL)
@@ -126,23 +144,22 @@ def test_a_worker_that_dies_mid_question_is_replaced_and_the_question_built_else
                 _os._exit(1)  # the worker process dies in the middle of the question
             return real(pair, prompt, *args, **kwargs)
 
-        runs.prepare_table = prepare_table
+        table_build.prepare = prepare
 
     log = []
     run = build(two_nodes, prompts, tmp_path / "cluster", log, runtime_env={"worker_process_setup_hook": crash_once})
     assert marker.exists(), "the fault was never injected"
     assert any("died while building 101" in line for line in log), log
     assert files(tmp_path / "cluster") == sequential(tiny_pair, prompts, tmp_path / "sequential")
-    assert {r["prompt_id"] for r in run.rows} == {p.id for p in prompts}
+    assert set(run.built) == {p.id for p in prompts}
 
 
 def test_no_worker_can_load_the_pair_is_one_line(two_nodes, prompts, tmp_path):
     cfg = ray_tables.ClusterConfig(two_nodes, threads=1)
-    spec = ray_tables.PairSpec(f"{tmp_path}/no-target::{tmp_path}/no-assistant")
+    phase = TablePhase(PairSpec(f"{tmp_path}/no-target::{tmp_path}/no-assistant"), Fitting(), tmp_path, MAX_NEW)
     log = []
     with pytest.raises(BenchError) as err:
-        ray_tables.build_tables(cfg, spec, prompts, GRID, MAX_NEW, Fitting(), tmp_path, progress=False,
-                                log_line=log.append)
+        build_tables(cfg, phase, prompts, GRID, progress=False, log_line=log.append)
     assert "no Ray worker could load" in str(err.value) and "not found" in str(err.value)
     assert "\n" not in str(err.value) and not list(tmp_path.glob("*.json"))
 

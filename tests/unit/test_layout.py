@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "disco"
-LAYERS = ["foundation", "suites", "policies", "models", "costs", "decode", "replay", "bench", "app"]  # bottom to top
+LAYERS = ["foundation", "suites", "policies", "models", "costs", "decode", "replay", "tables", "bench", "app"]  # bottom to top
 FOUNDATION = {"errors", "limits", "options", "cache", "machine", "text", "theory", "hub"}
 ENTRY = {"cli", "__main__"}  # the command line's root: above every layer
 MAX_LINES = 450

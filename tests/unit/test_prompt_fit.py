@@ -1,4 +1,5 @@
-"""A suite prompt's token ids (``disco.bench.prompts``): later turns of a chat follow the target's own greedy answers,
+"""A suite prompt's token ids (``disco.tables.encoding``, through the table phase ``disco.tables.phase``): later turns
+of a chat follow the target's own greedy answers, whose tables the phase builds first (the encoder never builds one),
 and the length rule skips or cuts (in the middle) what does not fit, counting both; a cached table is matched to the
 prompt it was built from."""
 
@@ -6,10 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from disco.bench.prompts import Fitting, PromptEncoder, PromptSkipped, table_matches
 from disco.errors import BenchError
 from disco.replay.tables import build_table
 from disco.suites import SuitePrompt
+from disco.tables.encoding import PromptEncoder, TurnUnanswered
+from disco.tables.fitting import Fitting, PromptSkipped
+from disco.tables.identity import PairSpec, table_matches
+from disco.tables.phase import Here, TablePhase
 
 MAX_NEW = 6
 
@@ -17,8 +21,12 @@ MAX_NEW = 6
 def test_a_later_turn_follows_the_targets_greedy_answer_to_the_earlier_one(tiny_pair, tmp_path):
     first = SuitePrompt("q-t1", "writing", True, "write a poem", group="q")
     second = SuitePrompt("q-t2", "writing", True, "shorter please", history=("write a poem",), group="q")
-    encoder = PromptEncoder(tiny_pair, MAX_NEW, tmp_path)
-    ids = encoder.ids(second)
+    with pytest.raises(TurnUnanswered):  # the encoder alone builds no table: turn 1 has not been answered
+        PromptEncoder(tiny_pair, MAX_NEW).ids(second)
+    assert not list(tmp_path.glob("*.json"))
+    phase = TablePhase.here(tiny_pair, MAX_NEW, tmp_path)
+    encoder = phase.encoder
+    ids = phase.ids(second)  # the phase builds turn 1's table first, then encodes turn 2
     answer = build_table(tiny_pair, tiny_pair.encode("write a poem", True), MAX_NEW, None).reference_for(MAX_NEW)
     expected = tiny_pair.encode_chat([{"role": "user", "content": "write a poem"},
                                       {"role": "assistant", "content": tiny_pair.decode(answer)},
@@ -31,10 +39,23 @@ def test_a_later_turn_follows_the_targets_greedy_answer_to_the_earlier_one(tiny_
     assert about["answers"] == MAX_NEW and about["sha"] == second.fingerprint and about["cut"] == 0
 
 
+def test_the_old_encoder_still_builds_the_earlier_turns_first(tiny_pair, tmp_path):
+    """``disco.bench.prompts.PromptEncoder`` (the old signature, for callers not on the phase yet) encodes a later turn
+    as the phase does, building its earlier turns' tables into its cache folder."""
+    from disco.bench.prompts import PromptEncoder as OldEncoder
+
+    first = SuitePrompt("q-t1", "writing", True, "write a poem", group="q")
+    second = SuitePrompt("q-t2", "writing", True, "shorter please", history=("write a poem",), group="q")
+    old = OldEncoder(tiny_pair, MAX_NEW, tmp_path)
+    assert old.ids(second) == TablePhase.here(tiny_pair, MAX_NEW, None).ids(second)
+    assert len(list(tmp_path.glob("q-t1-*.json"))) == 1 and old.about(second) == old._phase.encoder.about(second)
+    assert old.about(first)["sha"] == first.fingerprint
+
+
 def test_a_prompt_over_the_budget_is_skipped_by_default_and_counted(tiny_pair):
     long = SuitePrompt("long", "k", False, "abcdefghij" * 10)
     short = SuitePrompt("short", "k", False, "abc")
-    encoder = PromptEncoder(tiny_pair, MAX_NEW, None, Fitting(max_prompt_tokens=50))
+    encoder = PromptEncoder(tiny_pair, MAX_NEW, Fitting(max_prompt_tokens=50))
     assert encoder.ids(short) == tiny_pair.encode("abc", False)
     with pytest.raises(PromptSkipped, match="over|exceed"):
         encoder.ids(long)
@@ -45,7 +66,7 @@ def test_a_prompt_over_the_budget_is_skipped_by_default_and_counted(tiny_pair):
 
 def test_the_context_bounds_the_prompt_with_its_new_tokens(tiny_pair):
     text = "x" * (tiny_pair.context_length - 3)
-    encoder = PromptEncoder(tiny_pair, MAX_NEW, None)
+    encoder = PromptEncoder(tiny_pair, MAX_NEW)
     with pytest.raises(PromptSkipped):
         encoder.ids(SuitePrompt("big", "k", False, text))
     assert f"context of {tiny_pair.context_length}" in encoder.skipped["big"]
@@ -53,7 +74,7 @@ def test_the_context_bounds_the_prompt_with_its_new_tokens(tiny_pair):
 
 def test_the_middle_rule_keeps_the_beginning_and_the_end(tiny_pair):
     text = "BEGIN " + "m" * 200 + " END"
-    encoder = PromptEncoder(tiny_pair, MAX_NEW, None, Fitting(max_prompt_tokens=60, rule="middle"))
+    encoder = PromptEncoder(tiny_pair, MAX_NEW, Fitting(max_prompt_tokens=60, rule="middle"))
     ids = encoder.ids(SuitePrompt("cut", "k", True, text))
     kept = encoder.encoded["cut"].text
     assert len(ids) <= 60 and kept.startswith("BEGIN") and kept.endswith(" END") and len(kept) < len(text)
@@ -63,7 +84,7 @@ def test_the_middle_rule_keeps_the_beginning_and_the_end(tiny_pair):
     about = encoder.about(SuitePrompt("cut", "k", True, text))
     assert about["rule"] == "middle" and about["limit"] == 60
     # the template alone is longer than a tiny budget: skipped, not cut to nothing
-    tight = PromptEncoder(tiny_pair, MAX_NEW, None, Fitting(max_prompt_tokens=16, rule="middle"))
+    tight = PromptEncoder(tiny_pair, MAX_NEW, Fitting(max_prompt_tokens=16, rule="middle"))
     with pytest.raises(PromptSkipped, match="fewer than"):
         tight.ids(SuitePrompt("cut", "k", True, text))
 
@@ -98,15 +119,22 @@ def test_a_later_turn_is_reused_only_after_the_same_earlier_turns_and_answers(ti
     cut, its answer), the cached turn 2 no longer matches, found without the models (the re-costing path)."""
     import json
 
-    from disco.bench.build import build_here
-    from disco.bench.cached import find_cached
+    from disco.tables.lookup import find_cached
 
     first = SuitePrompt("q-t1", "k", True, "write a poem", group="q")
     second = SuitePrompt("q-t2", "k", True, "and now?", history=(first.prompt,), group="q")
-    encoder = PromptEncoder(tiny_pair, MAX_NEW, tmp_path)
-    build_here(tiny_pair, [first, second], [], MAX_NEW, tmp_path, encoder, progress=False)
-    want = {"models": "tiny", "engine": "auto", "dtype": "auto", "assistant_precision": "auto"}
+    phase = TablePhase(PairSpec("tiny"), None, tmp_path, MAX_NEW, Here(tiny_pair, progress=False))
+    built = phase.ensure([first, second], [])
+    assert [r["built_by"] for r in built.rows] == ["here", "here"]
+    want = PairSpec("tiny")
     assert find_cached(tmp_path, second, want, MAX_NEW) is not None  # as built: reused
+    again = phase.cached([first, second])  # what re-costing finds, without the models
+    assert not again.missing and [r["built_by"] for r in again.rows] == ["cache", "cache"]
+    assert {p: t.prompt_ids for p, t in again.tables.items()} == {p: t.prompt_ids for p, t in built.tables.items()}
+    # the dict of the pair's fields callers gave before there was a PairSpec (disco.bench.batch_run) still works
+    old = {"models": "tiny", "engine": "auto", "dtype": "auto", "assistant_precision": "auto"}
+    assert find_cached(tmp_path, second, old, MAX_NEW) is not None
+    assert find_cached(tmp_path, second, PairSpec("tiny", engine="llamacpp"), MAX_NEW) is None
     path = next(tmp_path.glob("q-t1-*.json"))
     data = json.loads(path.read_text())
     data["reference"] = [t + 1 for t in data["reference"]]  # turn 1 answered otherwise (another build of it)
