@@ -11,12 +11,12 @@ from disco import options
 from disco.bench import batch_live, batch_profile, machine_profile
 from disco.bench.batch import BATCHES, RATES, BatchStudy, default_settings
 from disco.bench.batch_run import run_batch_bench
-from disco.bench.prompts import PromptEncoder
 from disco.costs import model as cost_model
 from disco.costs.batched import check_batch, grid_from_rows
 from disco.costs import roofline_fit
 from disco.costs.model import CostProfileError
 from disco.replay.layouts import LAYOUTS
+from disco.tables.phase import TablePhase
 from disco.bench.analysis import REFERENCE_SETTING
 from disco.bench.run import run_bench
 from disco.machine import flags_line
@@ -89,8 +89,8 @@ def live_check(args, pair, rows, identity) -> None:
     prompts = machine_profile.suite_prompts(tuple(x.strip() for x in args.prompts.split(",") if x.strip()))
     if max(args.live) > len(prompts):
         raise options.UsageError(f"--live {max(args.live)} needs that many --prompts (got {len(prompts)})")
-    encoder = PromptEncoder(pair, args.max_new_tokens, None)
-    ids = [encoder.ids(p) for p in prompts]
+    phase = TablePhase.here(pair, args.max_new_tokens, None)
+    ids = [phase.ids(p) for p in prompts]
     out = []
     for layout in identity:
         grid = grid_from_rows([dict(r, batch=str(r["batch"])) for r in rows], "profile --batch", layout=layout)

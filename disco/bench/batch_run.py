@@ -15,7 +15,6 @@ from pathlib import Path
 from disco import cache
 from disco.bench.batch import BatchStudy, run_study
 from disco.bench.batch_answer import answer, band_markdown, band_table, heatmaps, markdown, schedules
-from disco.bench.cached import find_cached
 from disco.costs import model as cost_model
 from disco.costs import profile as profiles
 from disco.costs import roofline_fit
@@ -26,6 +25,7 @@ from disco.policies import parse_strategy
 from disco.replay.run import replay
 from disco.errors import BenchError
 from disco.suites import pick, split_of, split_prompts
+from disco.tables.lookup import find_cached
 
 
 def _log(message: str) -> None:
@@ -33,10 +33,9 @@ def _log(message: str) -> None:
 
 
 def _tables(cfg, prompts):
+    """Each prompt's cached table (None where there is none), found without any model (``disco.tables.lookup``)."""
     cache_dir = cfg.cache_dir or cache.tables_dir()
-    want = {"models": cfg.models, "engine": cfg.engine, "dtype": cfg.dtype,
-            "assistant_precision": cfg.assistant_precision}
-    return {p.id: find_cached(cache_dir, p, want, cfg.max_new_tokens, cfg.fitting) for p in prompts}
+    return {p.id: find_cached(cache_dir, p, cfg.pair_spec(), cfg.max_new_tokens, cfg.fitting) for p in prompts}
 
 
 def _measured(tables: dict, cfg):

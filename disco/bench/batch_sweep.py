@@ -9,13 +9,14 @@ from pathlib import Path
 from disco import cache
 from disco.bench.batch import BASELINE, BatchStudy, run_study
 from disco.bench.batch_answer import answer
-from disco.bench.prompts import PromptEncoder, PromptSkipped
 from disco.bench.sweep import cached_costs
 from disco.costs import model as cost_mod
 from disco.costs.batched import resolve_batched
 from disco.policies import spec_kind
 from disco.replay.tables import build_table
 from disco.suites import SuitePrompt, split_of
+from disco.tables.fitting import PromptSkipped
+from disco.tables.phase import TablePhase
 
 BATCH_KINDS = ("autoregressive", "static", "threshold", "sglang")
 
@@ -32,14 +33,14 @@ def answer_per_batch(pair, prompts: list[SuitePrompt], specs: list[str], max_new
     """(rows, answer, costs label) of the batch study on these prompts (choices on train, figures on test when both
     splits hold at least two prompts; else on all)."""
     cache_dir = cache.tables_dir() if cache_dir is None else cache_dir
-    encoder = PromptEncoder(pair, max_new_tokens, cache_dir)
+    phase = TablePhase.here(pair, max_new_tokens, cache_dir)
     tables, kept = [], []
     for p in prompts:
         try:
-            ids = encoder.ids(p)
+            ids = phase.ids(p)
         except PromptSkipped:
             continue
-        tables.append(build_table(pair, ids, max_new_tokens, cache_dir, name=p.id, about=encoder.about(p)))
+        tables.append(build_table(pair, ids, max_new_tokens, cache_dir, name=p.id, about=phase.encoder.about(p)))
         kept.append(p)
     name = cost_mod.check_profile(cost_profile)
     measured = cached_costs(pair, [t.prompt_ids for t in tables], 20) if name == cost_mod.MEASURED else None

@@ -39,19 +39,6 @@ def test_a_later_turn_follows_the_targets_greedy_answer_to_the_earlier_one(tiny_
     assert about["answers"] == MAX_NEW and about["sha"] == second.fingerprint and about["cut"] == 0
 
 
-def test_the_old_encoder_still_builds_the_earlier_turns_first(tiny_pair, tmp_path):
-    """``disco.bench.prompts.PromptEncoder`` (the old signature, for callers not on the phase yet) encodes a later turn
-    as the phase does, building its earlier turns' tables into its cache folder."""
-    from disco.bench.prompts import PromptEncoder as OldEncoder
-
-    first = SuitePrompt("q-t1", "writing", True, "write a poem", group="q")
-    second = SuitePrompt("q-t2", "writing", True, "shorter please", history=("write a poem",), group="q")
-    old = OldEncoder(tiny_pair, MAX_NEW, tmp_path)
-    assert old.ids(second) == TablePhase.here(tiny_pair, MAX_NEW, None).ids(second)
-    assert len(list(tmp_path.glob("q-t1-*.json"))) == 1 and old.about(second) == old._phase.encoder.about(second)
-    assert old.about(first)["sha"] == first.fingerprint
-
-
 def test_a_prompt_over_the_budget_is_skipped_by_default_and_counted(tiny_pair):
     long = SuitePrompt("long", "k", False, "abcdefghij" * 10)
     short = SuitePrompt("short", "k", False, "abc")
