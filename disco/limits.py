@@ -2,7 +2,7 @@
 
 Every check raises ``InputError`` (a ``ValueError``) with one line for the user. The budgets bound what one
 caller can make the single compute queue do on a hosted app; an operator sets them with environment variables
-(README, "Hosting"):
+(docs/hosting.md):
 
 ``DISCO_RUN_BUDGET_S``       wall-clock seconds one race or sweep may run (default 240; 0 = no budget). A run
                              that reaches it ends like Stop, keeping what it completed, and says why.

@@ -79,7 +79,7 @@ def add_bench(sub) -> None:
                         "only (so the timed figures are held out from the choice)")
     p.add_argument("--reps", type=options.positive, default=1, help="A B repetitions per prompt and strategy (median kept)")
     p.add_argument("--calibration-reps", type=options.positive, default=2, help="timings per pass size (median kept)")
-    p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default OUT/tables)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default: the one cache, $DISCO_CACHE/tables)")
     p.add_argument("--cost-profile", default="measured", metavar="PROFILE",
                    help="how replay turns passes into time: measured (this machine, default), flat:C (every target pass "
                         "one step, an assistant pass C steps: a GPU with a tiny draft), or a per-pass CSV from "

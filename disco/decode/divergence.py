@@ -11,7 +11,7 @@ reader of "identical: NO" cannot tell it from one, so every divergence is explai
     the runner-up's: ``TokenRecord.target_logit`` / ``runner_up_id`` / ``runner_up_logit``);
   * the margin each run had for its own choice: baseline l_base(a) - l_base(b), lane l_lane(b) - l_lane(a).
 
-Rule (stated in the app and the README): a divergence is a **near-tie** when both margins are within
+Rule (stated in the app and in docs/cli.md): a divergence is a **near-tie** when both margins are within
 ``ULPS`` units in the last place of the dtype at the logits' magnitude, ``ULPS * 2**-(mantissa bits) *
 max(1, |logit|)`` (bf16: 7 stored mantissa bits, so 4 ulps at a logit of 20 is 0.625); otherwise a **mismatch**,
 which is a bug to fix. When a run's runner-up is not the other run's token, that run's margin is at least its

@@ -1,7 +1,7 @@
 """What a pair costs in memory on an engine, and what this machine (or its container) has free: so a hosted app loads
 a second engine's pair only when it fits, and never converts weights inside a visitor's request.
 
-Measured on the embedded pair (README, "The embedded model pair"): llama.cpp maps the 1.6 GB of GGUF files (2.2 GiB
+Measured on the embedded pair (docs/app.md, "The embedded model pair"): llama.cpp maps the 1.6 GB of GGUF files (2.2 GiB
 resident for the whole app); the torch engine holds both models in bf16 (3.5 GiB for the app), after a one-time
 conversion that peaks at 8.6 GiB. A pair's need is estimated from its weight files (GGUF files, safetensors or bin
 files of a folder) times ``OVERHEAD`` (activations, caches, the runtime), never from a guess about the model's name.

@@ -5,7 +5,7 @@ stays exactly the target's own and sampling keeps the target's distribution. A c
 drafts are accepted and what each costs. On a CPU an assistant step costs ~0.4 of a target step in bf16; dynamic
 int8 Linear layers halve that (../shared/CPU.md). Quantizing the *target* is not offered: dynamic int8 computes
 activation scales over the whole verify batch, so a verification pass no longer equals the autoregressive passes
-and every speculative lane leaves its own baseline (measured, see README).
+and every speculative lane leaves its own baseline (measured, see docs/app.md).
 
 ``torch.ao.quantization.quantize_dynamic`` is deprecated in favour of torchao; this module is the one place that
 calls it, so it can be replaced without touching the engine.

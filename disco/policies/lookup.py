@@ -22,7 +22,7 @@ suite's 16 train prompts, 48 tokens each; ``scripts/lookup_evidence.py TABLE_DIR
 the target's own next token 20 % of the time after one agreeing token (196 matches), 47 % after two, 76 % after
 three, 70-85 % after four to seven and 92 % after eight or more (90 matches); the test prompts give the same picture
 (21 / 47 / 63 / 73-88 / 93 %). So the evidence predicts acceptance; MIN is where that probability pays the next
-verified token on the run's machine (chosen on the train split like every other parameter; README, prompt lookup).
+verified token on the run's machine (chosen on the train split like every other parameter; docs/policies.md, prompt lookup).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Copy(Lookup):
                     "", (1, 2, 3, 4, 5)))
     color = "#332288"  # indigo (Tol)
     canonical = "copy:16"
-    cite = "this project (README, prompt lookup): the match of transformers' prompt lookup, length = its evidence"
+    cite = "this project (docs/policies.md, prompt lookup): the match of transformers' prompt lookup, length = its evidence"
 
     def reset(self) -> None:
         super().reset()

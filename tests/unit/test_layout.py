@@ -1,4 +1,4 @@
-"""The package's layout holds (README "Architecture"): layers import only downwards, lazy imports included; the
+"""The package's layout holds (docs/architecture.md): layers import only downwards, lazy imports included; the
 foundation imports no layer; no two modules import each other, directly or through others, at load time or inside a
 function; an import of a disco module inside a function says why it is there (``# lazy: <reason>``); every error a
 user can cause derives from ``disco.errors.UserError``; every dotted ``disco.xxx`` name the text gives resolves; no
