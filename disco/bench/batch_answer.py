@@ -67,10 +67,11 @@ def answer(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=ANSWER_COLUMNS)
 
 
-def no_speculation_from(ans: pd.DataFrame, layout: str) -> int | None:
-    """The smallest batch size from which (at every larger measured B too) no drafting setting beats the target."""
+def no_speculation_from(ans: pd.DataFrame, layout: str, column: str = "speculation_pays") -> int | None:
+    """The smallest batch size from which (at every larger measured B too) no drafting setting beats the target
+    (``column`` static_pays: no static K does)."""
     rows = ans[ans["layout"] == layout].sort_values("batch")
-    pays = list(zip(rows["batch"], rows["speculation_pays"]))
+    pays = list(zip(rows["batch"], rows[column]))
     for i, (batch, _) in enumerate(pays):
         if not any(p for _, p in pays[i:]):
             return int(batch)
@@ -78,11 +79,14 @@ def no_speculation_from(ans: pd.DataFrame, layout: str) -> int | None:
 
 
 def schedules(ans: pd.DataFrame, layout: str) -> dict:
-    """The best static K and threshold per batch size as each engine's schedule (module docstring)."""
-    rows = ans[ans["layout"] == layout].sort_values("batch")
-    ks = {int(b): int(str(s).split(":")[1]) for b, s, p in zip(rows["batch"], rows["best_static"],
-                                                               rows["speculation_pays"]) if isinstance(s, str) and p}
-    off = no_speculation_from(ans, layout)
+    """The best static K and threshold per batch size as each engine's schedule (module docstring): K 0 where no
+    static K beats the target alone at that B, and vLLM's ``disable_by_batch_size`` from where none does at any
+    larger B either."""
+    rows = ans[ans["layout"] == layout].sort_values("batch").assign(
+        static_pays=lambda a: a["best_static_speedup"] > 1.0)
+    ks = {int(b): int(s.split(":")[1]) if isinstance(s, str) and p else 0
+          for b, s, p in zip(rows["batch"], rows["best_static"], rows["static_pays"])}
+    off = no_speculation_from(rows, layout, "static_pays")
     taus = {int(b): float(s.split(":")[1]) for b, s in zip(rows["batch"], rows["best_threshold"]) if isinstance(s, str)}
     vllm: dict = {"num_speculative_tokens_per_batch_size": {str(b): k for b, k in ks.items()}}
     if off is not None:
@@ -116,7 +120,10 @@ def markdown(rows: pd.DataFrame, ans: pd.DataFrame, label: str, command: str) ->
                          f"{_f(a.batchstop_speedup)} | {_f(a.sglang_speedup)} | {a.best_dynamic} "
                          f"{_f(a.best_dynamic_speedup)} |")
         off = no_speculation_from(ans, layout)
+        static_off = no_speculation_from(part.assign(static_pays=part["best_static_speedup"] > 1.0), layout,
+                                         "static_pays")
         lines += ["", f"No speculation pays from B = {off}." if off else "Some speculation pays at every measured B.",
+                  f"No static K pays from B = {static_off}." if static_off else "A static K pays at every measured B.",
                   "", "Schedules to take away:", "", "```json", json.dumps(schedules(ans, layout), indent=1), "```", ""]
     open_loop = rows[(rows["arrival"] != "closed") & (rows["split"] == rows["split"].iloc[-1])]
     if not open_loop.empty:

@@ -49,9 +49,9 @@ def test_no_speculation_from_and_schedules():
     ans = answer(_frame(rows))
     assert no_speculation_from(ans, "ragged") == 16
     sched = schedules(ans, "ragged")
-    assert sched["vllm"]["num_speculative_tokens_per_batch_size"] == {"1": 6, "4": 2}
+    assert sched["vllm"]["num_speculative_tokens_per_batch_size"] == {"1": 6, "4": 2, "16": 0, "64": 0}
     assert sched["vllm"]["disable_by_batch_size"] == 16
-    assert sched["tensorrt_llm"]["draft_len_schedule"] == {"1": 6, "4": 2}
+    assert sched["tensorrt_llm"]["draft_len_schedule"] == {"1": 6, "4": 2, "16": 0, "64": 0}
     assert "not expressible" in sched["sglang"]
     json.dumps(sched)
     text = markdown(_frame(rows).assign(tokens_per_s=1.0), ans, "flat:0.05", "python -m disco bench --batch 1")
