@@ -23,6 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: the repository's disco package
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_layout import resolves  # noqa: E402  (one resolver of dotted disco names for code, README and docs)
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -199,28 +201,12 @@ DOTTED = re.compile(r"(?<![\w./-])disco(?:\.[A-Za-z_]\w*)+")
 REPO_PATH = re.compile(r"`((?:disco|scripts|tests|assets|docs)/[\w./-]*[\w/])`")
 
 
-def _resolves(name: str) -> bool:
-    """The longest prefix of ``name`` that imports as a module, then the rest as attributes."""
-    parts = name.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[i:]:
-            if not hasattr(obj, attr):
-                return False
-            obj = getattr(obj, attr)
-        return True
-    return False
-
-
 def test_every_disco_name_and_path_in_the_docs_exists():
     stale = []
     for page in sorted(DOCS.rglob("*.md")):
         for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
             where = f"{page.relative_to(ROOT)}:{n}"
-            stale += [f"{where}: {m}" for m in DOTTED.findall(line) if not _resolves(m)]
+            stale += [f"{where}: {m}" for m in DOTTED.findall(line) if not resolves(m)]
             stale += [f"{where}: {p}" for p in REPO_PATH.findall(line) if "*" not in p and not (ROOT / p).exists()]
     assert not stale, "names or paths that do not exist:\n" + "\n".join(stale)
 
