@@ -15,7 +15,6 @@ docs/policies.md between the markers); ``python tests/unit/test_docs.py`` prints
 from __future__ import annotations
 
 import argparse
-import importlib
 import re
 import sys
 from pathlib import Path
