@@ -152,16 +152,6 @@ class BatchGrid:
 BATCH_COLUMNS = ("batch", "context", "layout")
 
 
-def _whole_cell(value, column: str, source: str, lo: int = 0) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if not math.isfinite(number) or number != int(number) or number < lo:
-        raise CostProfileError(f"{source}: column {column} must hold whole numbers >= {lo}, got {value!r}")
-    return int(number)
-
-
 def grid_from_rows(rows: list[dict], source: str, layout: str | None = None) -> BatchGrid | None:
     """The batched grid of a profile's rows (step passes only), or None when the rows have no ``batch`` column (a
     batch-1 profile). ``layout`` picks one measured layout where the rows hold several (default: the first)."""
@@ -173,9 +163,9 @@ def grid_from_rows(rows: list[dict], source: str, layout: str | None = None) -> 
     for r in rows:
         if str(r.get("layout") or "") != chosen:
             continue
-        batch = check_batch(_whole_cell(r["batch"], "batch", source, 1))
-        context = 0 if str(r.get("kind")) == "prefill" else _whole_cell(r.get("context") or 0, "context", source)
-        tokens = _whole_cell(r["tokens"], "tokens", source, 1)
+        batch = check_batch(cost_model.whole_cell(r["batch"], "batch", source, 1))
+        context = 0 if str(r.get("kind")) == "prefill" else cost_model.whole_cell(r.get("context") or 0, "context", source)
+        tokens = cost_model.whole_cell(r["tokens"], "tokens", source, 1)
         try:
             ms = float(r["ms"])
         except (TypeError, ValueError):

@@ -216,20 +216,25 @@ def csv_rows(path: str | Path) -> list[dict]:
     return frame.to_dict("records")
 
 
+def whole_cell(value, column: str, source: str, lo: int = 0) -> int:
+    """A profile CSV cell that must be a whole number >= ``lo`` (batch, tokens, context); one line otherwise."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number != int(number) or number < lo:
+        raise CostProfileError(f"{source}: column {column} must hold whole numbers >= {lo}, got {value!r}")
+    return int(number)
+
+
 def batch_one(rows: list[dict], source: str) -> list[dict]:
     """The batch-1 passes of a profile's rows: all of them when the CSV has no ``batch`` column (a batch-1 profile);
     else those at batch 1, at its smallest measured context and its first layout. A batch that is not a whole number
     >= 1 is refused in one line."""
     if not rows or "batch" not in rows[0]:
         return rows
-    for r in rows:
-        try:
-            b = float(r["batch"])
-        except (TypeError, ValueError):
-            b = math.nan
-        if not (math.isfinite(b) and b == int(b) and b >= 1):
-            raise CostProfileError(f"{source}: column batch must hold whole numbers >= 1, got {r['batch']!r}")
-    kept = [r for r in rows if float(r["batch"]) == 1 and str(r.get("kind", "step")) != "prefill"]
+    batches = [whole_cell(r["batch"], "batch", source, 1) for r in rows]
+    kept = [r for r, b in zip(rows, batches) if b == 1 and str(r.get("kind", "step")) != "prefill"]
     if kept and "context" in kept[0]:
         contexts = [_context(r.get("context"), source) for r in kept]
         low = min(contexts)

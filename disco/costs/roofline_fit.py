@@ -20,6 +20,7 @@ from typing import Mapping
 
 from disco import cache, machine
 from disco.costs.errors import CostProfileError
+from disco.costs.model import whole_cell
 from disco.costs.roofline import (ASSISTANT_SHAPE, TARGET_SHAPE, UNCERTAIN_FACTORS, ModelShape, RooflineCosts,
                                   factor_ranges, fit_path, roofline_costs)
 from disco.errors import first_line
@@ -170,18 +171,12 @@ def points_from_rows(rows: list[dict], layout: str | None = None) -> list[dict]:
     out = []
     for i, r in enumerate(r for r in rows if str(r.get("layout") or "") == chosen):
         try:
-            point = {"role": str(r["role"]), "batch": _whole(r["batch"], 1), "tokens": _whole(r["tokens"], 1),
-                     "context": 0 if r.get("kind") == "prefill" else _whole(r.get("context") or 0, 0),
+            point = {"role": str(r["role"]), "batch": whole_cell(r["batch"], "batch", chosen, 1),
+                     "tokens": whole_cell(r["tokens"], "tokens", chosen, 1),
+                     "context": 0 if r.get("kind") == "prefill" else whole_cell(r.get("context") or 0, "context", chosen),
                      "ms": float(r["ms"])}
         except (KeyError, TypeError, ValueError, OverflowError):
             raise CostProfileError(f"row {i + 1} of layout {chosen or '-'}: batch, tokens and context must be whole "
                                    f"numbers and ms a number ({dict(r)!r})") from None
         out.append(point)
     return _points(out)
-
-
-def _whole(value, lo: int) -> int:
-    number = float(value)
-    if not math.isfinite(number) or number != int(number) or number < lo:
-        raise ValueError(value)
-    return int(number)
