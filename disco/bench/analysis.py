@@ -210,8 +210,30 @@ def peer_frame(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
             "target_passes_hf": (int(merged["target_passes_hf"].sum()) if merged["target_passes_hf"].notna().all()
                                  else None),
             "overhead_pct_ours": float(pd.to_numeric(merged["overhead_pct_ours"], errors="coerce").mean()),
+            **(_llama_statistics(merged) if llama else {}),
         })
     return pd.DataFrame(rows)
+
+
+def _llama_statistics(merged: pd.DataFrame) -> dict:
+    """llama-speculative-simple's closing statistics beside ours under its own definitions
+    (``disco.decode.acceptance.llamacpp``: n_drafted = draft tokens sent to the target, n_accept = those it kept,
+    accept = 100 * n_accept / n_drafted), summed over the prompts where the peer printed them; {} for llama-bench's
+    plain decoding, which drafts nothing."""
+    theirs = pd.to_numeric(merged.get("drafted_hf"), errors="coerce")
+    if theirs is None or theirs.isna().all():
+        return {}
+    both = merged[theirs.notna()]
+    out = {}
+    for side in ("ours", "hf"):
+        drafted = int(pd.to_numeric(both[f"drafted_{side}"], errors="coerce").fillna(0).sum())
+        accepted = int(pd.to_numeric(both[f"accepted_{side}"], errors="coerce").fillna(0).sum())
+        name = "peer" if side == "hf" else "ours"
+        out |= {f"llamacpp_n_drafted_{name}": drafted, f"llamacpp_n_accept_{name}": accepted,
+                f"llamacpp_accept_pct_{name}": 100.0 * accepted / drafted if drafted else math.nan}
+    out["llamacpp_same_counts"] = (out["llamacpp_n_drafted_ours"] == out["llamacpp_n_drafted_peer"]
+                                   and out["llamacpp_n_accept_ours"] == out["llamacpp_n_accept_peer"])
+    return out
 
 
 def engine_frame(runs: pd.DataFrame) -> pd.DataFrame:

@@ -213,7 +213,25 @@ def peer_md(r, peers: pd.DataFrame | None) -> str:
         f"(speculative settings only: {_fmt(meta.get('ours_over_hf_speculative'), '.3f')}; goal ≤ 1.0). "
         f"Speed-ups are against each implementation's own autoregressive run. Engine overhead (time outside the two "
         f"models' forward passes) averages {_fmt(meta.get('overhead_pct_mean'), '.2f')} % of iteration time "
-        f"(goal < 5 %)."])
+        f"(goal < 5 %)."] + _llama_statistics_md(peers))
+
+
+def _llama_statistics_md(peers: pd.DataFrame) -> list[str]:
+    """llama-speculative-simple's own closing statistics beside ours, counted its way (disco.decode.acceptance)."""
+    if "llamacpp_n_drafted_peer" not in peers or peers["llamacpp_n_drafted_peer"].isna().all():
+        return []
+    rows = [[f"`{p.strategy}`", p.prompts, f"{int(p.llamacpp_n_drafted_ours)} / {int(p.llamacpp_n_drafted_peer)}",
+             f"{int(p.llamacpp_n_accept_ours)} / {int(p.llamacpp_n_accept_peer)}",
+             f"{_fmt(p.llamacpp_accept_pct_ours, '.2f')} / {_fmt(p.llamacpp_accept_pct_peer, '.2f')}",
+             _fmt(p.llamacpp_same_counts)]
+            for p in peers.itertuples() if p.llamacpp_n_drafted_peer == p.llamacpp_n_drafted_peer]
+    return ["", "### llama.cpp's printed statistics beside ours (its definitions)", "",
+            md_table(["strategy", "prompts", "n_drafted ours / llama.cpp", "n_accept ours / llama.cpp",
+                      "accept % ours / llama.cpp", "same counts"], rows), "",
+            "n_drafted: draft tokens sent to the target; n_accept: those it kept; accept = 100 · n_accept / "
+            "n_drafted, as `llama-speculative-simple` prints them at its end (the glossary: docs/glossary.md). Our "
+            "run stops at the token budget; llama.cpp's loop may draft past it in its last iteration, so its counts "
+            "can be a few higher where the texts agree."]
 
 
 def engines_md(r, engines: pd.DataFrame | None) -> str:

@@ -213,3 +213,35 @@ def test_the_glossary_is_current():
     for column, formula, engine, _ in acceptance.DEFINITIONS:
         row = next(line for line in text.splitlines() if line.startswith(f"| `{column}` |"))
         assert engine in row, column
+
+
+def _timed(prompt, strategy, implementation, drafted, accepted, seconds=1.0):
+    return {"mode": "timed", "prompt_id": prompt, "strategy": strategy, "implementation": implementation,
+            "seconds": seconds, "new_tokens": 16, "decode_tokens_per_s": 16.0, "speedup": 1.2, "same_as_ours": True,
+            "target_passes": 9, "overhead_pct": 1.0, "drafted": drafted, "accepted": accepted}
+
+
+def test_llama_cpp_statistics_sit_beside_ours_in_the_peer_report():
+    """The peer table sets llama-speculative-simple's printed n_drafted / n_accept beside ours, summed over the
+    prompts where it printed them, under its definitions (hand-counted)."""
+    from types import SimpleNamespace
+
+    from disco.bench.analysis import peer_frame
+    from disco.bench.report_md import peer_md
+
+    runs = pd.DataFrame([
+        _timed("p1", "pmin:0.4:3", "ours", 12, 9), _timed("p1", "llama:pmin:0.4:3", "llama.cpp", 12, 9),
+        _timed("p2", "pmin:0.4:3", "ours", 10, 4), _timed("p2", "llama:pmin:0.4:3", "llama.cpp", 11, 4),
+        _timed("p1", "autoregressive", "ours", None, None), _timed("p1", "llama:autoregressive", "llama.cpp", None, None),
+    ])
+    peers = peer_frame(pd.DataFrame(), runs).set_index("strategy")
+    row = peers.loc["pmin:0.4:3"]
+    assert (row.llamacpp_n_drafted_ours, row.llamacpp_n_drafted_peer) == (22, 23)
+    assert (row.llamacpp_n_accept_ours, row.llamacpp_n_accept_peer) == (13, 13)
+    assert math.isclose(row.llamacpp_accept_pct_ours, 100 * 13 / 22)
+    assert math.isclose(row.llamacpp_accept_pct_peer, 100 * 13 / 23)
+    assert row.llamacpp_same_counts is False or row.llamacpp_same_counts == False  # noqa: E712 (numpy bool)
+    assert math.isnan(peers.loc["autoregressive"].get("llamacpp_n_drafted_peer", math.nan))  # llama-bench drafts nothing
+    text = peer_md(SimpleNamespace(meta={}), peers.reset_index())
+    assert "llama.cpp's printed statistics beside ours" in text
+    assert "| `pmin:0.4:3` | 2 | 22 / 23 | 13 / 13 | 59.09 / 56.52 | no |" in text
