@@ -16,6 +16,7 @@ from disco.errors import UserError, first_line
 from disco.app import about, plots, race_batch, race_tab as ui, zerogpu
 from disco.app.lanes import LANES_CSS, summary_frame
 from disco.app.loader import ModelLoader
+from disco.app.race_inputs import RACE_CONTROLS
 from disco.app.session import STOP_LABEL, StopSignals
 from disco.app.sweep_tab import build_sweep_tab
 from disco.app.visitors import QueueRules, VisitorGate
@@ -29,21 +30,81 @@ def _measured(prof):
     return prof.cost_model_near(None) if prof is not None and prof.precisions else None
 
 
+def _race_tab(loader, budgets) -> tuple[dict, list, gr.Button, gr.Button]:
+    """The Race tab's layout: its controls by name (``RACE_CONTROLS`` makes each), its outputs in
+    ``race_tab.OUTPUT_LABELS`` order, and the Run and Stop buttons."""
+    c = {}
+    with gr.Row():
+        with gr.Column(scale=5):
+            c["prompt"] = RACE_CONTROLS["prompt"].make()
+            gr.Examples(ui.EXAMPLES, inputs=[c["prompt"]], label="Examples: code, explanation, summary, story",
+                        cache_examples=False)
+        with gr.Column(scale=4):
+            with gr.Row():
+                c["lane_a"], c["lane_b"] = RACE_CONTROLS["lane_a"].make(), RACE_CONTROLS["lane_b"].make()
+            with gr.Row():
+                c["lane_a_assistant"] = RACE_CONTROLS["lane_a_assistant"].make()
+                c["lane_b_assistant"] = RACE_CONTROLS["lane_b_assistant"].make()
+            engines = loader.engines()  # one engine per run; a menu only where there is a choice
+            c["engine"] = RACE_CONTROLS["engine"].make(
+                choices=[ui.DEFAULT_ENGINE] + [e for e in engines[1:]], visible=len(engines) > 1,
+                info=f"default: {engines[0] if engines else '?'} (this app's); the other one loads on its first run")
+            # the sliders end at the operator's limits (disco.limits); each policy's parameters name the shared
+            # slider that fills them (disco.policies metadata)
+            for name, most in (("k", budgets.max_lookahead), ("threshold", None),
+                               ("max_lookahead", budgets.max_lookahead)):
+                ranged = {"maximum": most, "value": min(RACE_CONTROLS[name].default, most)} if most else {}
+                c[name] = RACE_CONTROLS[name].make(**ranged)
+            with gr.Row():
+                most = budgets.max_new_tokens
+                c["max_new_tokens"] = RACE_CONTROLS["max_new_tokens"].make(
+                    maximum=most, value=min(RACE_CONTROLS["max_new_tokens"].default, most))
+                with gr.Column(min_width=160, scale=2):
+                    c["baseline"], c["chat"] = RACE_CONTROLS["baseline"].make(), RACE_CONTROLS["chat"].make()
+            with gr.Accordion("Sampling", open=False):
+                c["sample"] = RACE_CONTROLS["sample"].make()
+                with gr.Row():
+                    for name in ("temperature", "top_p", "seed"):
+                        c[name] = RACE_CONTROLS[name].make()
+            with gr.Row():
+                run = gr.Button("▶ Run", variant="primary", elem_id="run")
+                stop = gr.Button(STOP_LABEL, variant="stop", elem_id="stop")
+    outputs = _race_outputs(budgets)
+    race_batch.build(outputs[ui.OUTPUT_LABELS.index("iterations_csv")],
+                     measured=lambda: _measured(loader.get_profile()))
+    return c, outputs, run, stop
+
+
+def _race_outputs(budgets) -> list:
+    """The race's outputs, top to bottom, in ``race_tab.OUTPUT_LABELS`` order."""
+    out = {"status": gr.Markdown(f"Ready: press **Run**. <small>This app's {budgets.words()} (runs take turns; a "
+                                 "queued run shows its position).</small>", elem_id="run-status", min_height=48),
+           "lanes": gr.HTML(ui.empty_lanes_html(), css_template=LANES_CSS, js_on_load=None, elem_id="lanes")}
+    titles = {"race": plots.RACE_TITLE, "lookahead": plots.LOOKAHEAD_TITLE, "latency": plots.LATENCY_TITLE,
+              "confidence": plots.CONFIDENCE_TITLE, "positions": plots.POSITIONS_TITLE}
+    for row in (("race", "lookahead"), ("latency", "confidence"), ("positions",)):
+        with gr.Row():
+            for name in row:
+                out[name] = gr.Plot(plots.empty_figure(titles[name]), show_label=False, elem_id=f"plot-{name}")
+    out["summary"] = gr.Dataframe(summary_frame([]), label="Summary", interactive=False, elem_id="summary")
+    with gr.Row():
+        for name, what in (("iterations_csv", "per-iteration trace"), ("tokens_csv", "per-token trace"),
+                           ("positions_csv", "acceptance by draft position")):
+            out[name] = gr.File(label=f"Download CSV: {what}", elem_id=name.replace("_", "-"))
+    return [out[name] for name in ui.OUTPUT_LABELS]
+
+
 def build_demo(models: str | None = None) -> gr.Blocks:
     # The page's layout, top to bottom, in one place (Gradio layout is declarative); the logic is in disco/app/.
     loader = ModelLoader(models or os.environ.get("DISCO_MODELS", "embedded")).start()
     stops = StopSignals()
-    d = ui.DEFAULTS
 
-    def compare(prompt, lane_a=d.lane_a, lane_b=d.lane_b, k=d.k, threshold=d.threshold, max_lookahead=d.max_lookahead,
-                max_new_tokens=d.max_new_tokens, baseline=d.baseline, chat=d.chat, sample=d.sample,
-                temperature=d.temperature, top_p=d.top_p, seed=d.seed, lane_a_assistant=ui.DEFAULT_ASSISTANT,
-                lane_b_assistant=ui.DEFAULT_ASSISTANT, engine=ui.DEFAULT_ENGINE, request: gr.Request = None):
-        yield from ui.compare(loader.get, prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens,
-                              baseline, chat, sample, temperature, top_p, seed, lane_a_assistant, lane_b_assistant,
-                              engine, should_stop=stops.for_request(request),
-                              get_profile=lambda: loader.get_profile(ui.engine_name(engine)))
+    def run_race(raw: dict, request: gr.Request = None):
+        yield from ui.compare(loader.get, raw, should_stop=stops.for_request(request),
+                              get_profile=lambda: loader.get_profile(ui.engine_name(raw.get("engine"))))
 
+    # the /compare API: the race's controls' names and defaults, in their declared order (disco.app.race_inputs)
+    compare = RACE_CONTROLS.handler(run_race, "compare")
     budgets = limits.Budgets.from_env()
     compare = zerogpu.gpu(compare, budgets.run_s)  # a no-op off a ZeroGPU Space
     gate = VisitorGate(QueueRules.from_env(), lambda: getattr(demo, "_queue", None))  # one run per visitor
@@ -55,71 +116,7 @@ def build_demo(models: str | None = None) -> gr.Blocks:
                     "rules), racing side by side against the target model alone.")
         model_status = gr.Markdown(loader.status(), elem_id="disco-status")
         with gr.Tab("Race"):
-            with gr.Row():
-                with gr.Column(scale=5):
-                    prompt = gr.Textbox(label="Prompt", lines=6, placeholder="Type a prompt or pick an example below",
-                                        elem_id="prompt")
-                    gr.Examples(ui.EXAMPLES, inputs=[prompt], label="Examples: code, explanation, summary, story",
-                                cache_examples=False)
-                with gr.Column(scale=4):
-                    with gr.Row():
-                        lane_a = gr.Dropdown(ui.LANE_KINDS, value=d.lane_a, label="Lane A policy", allow_custom_value=True,
-                                             info="or type a spec, e.g. heuristic:3")
-                        lane_b = gr.Dropdown(ui.LANE_KINDS, value=d.lane_b, label="Lane B policy", allow_custom_value=True,
-                                             info="or type a spec, e.g. threshold:0.3:8")
-                    with gr.Row():
-                        lane_a_assistant = gr.Dropdown(ui.ASSISTANT_CHOICES, value=ui.DEFAULT_ASSISTANT,
-                                                       label="Lane A assistant", elem_id="lane-a-assistant",
-                                                       info="default, model (as shipped), int8 (torch) or q4_0 (llama.cpp)")
-                        lane_b_assistant = gr.Dropdown(ui.ASSISTANT_CHOICES, value=ui.DEFAULT_ASSISTANT,
-                                                       label="Lane B assistant", elem_id="lane-b-assistant",
-                                                       info="auto lane: the recommended one unless set here")
-                    engines = loader.engines()  # one engine per run; a menu only where there is a choice
-                    engine = gr.Dropdown([ui.DEFAULT_ENGINE] + [e for e in engines[1:]], value=ui.DEFAULT_ENGINE,
-                                         label="Engine", elem_id="engine", visible=len(engines) > 1,
-                                         info=f"default: {engines[0] if engines else '?'} (this app's); the other one "
-                                              "loads on its first run")
-                    look = budgets.max_lookahead  # the sliders end at the operator's limit (disco.limits)
-                    # each policy's parameters name the shared slider that fills them (disco.policies metadata)
-                    k = gr.Slider(1, look, value=min(d.k, look), step=1,
-                                  label=ui.slider_label("k", "Static lookahead"), elem_id="k")
-                    threshold = gr.Slider(0, 1, value=d.threshold, step=0.05,
-                                          label=ui.slider_label("threshold", "Threshold"), elem_id="threshold")
-                    max_lookahead = gr.Slider(1, look, value=min(d.max_lookahead, look), step=1,
-                                              label=ui.slider_label("kmax", "Maximum lookahead"), elem_id="max-lookahead")
-                    with gr.Row():
-                        most = budgets.max_new_tokens
-                        max_new_tokens = gr.Slider(1, most, value=min(d.max_new_tokens, most), step=1,
-                                                   label="Max new tokens", elem_id="max-new-tokens", scale=3)
-                        with gr.Column(min_width=160, scale=2):
-                            baseline = gr.Checkbox(value=d.baseline, label="Autoregressive baseline")
-                            chat = gr.Checkbox(value=d.chat, label="Chat template")
-                    with gr.Accordion("Sampling", open=False):
-                        sample = gr.Checkbox(value=d.sample, label="Sample instead of greedy decoding")
-                        with gr.Row():
-                            temperature = gr.Slider(0.05, 2, value=d.temperature, step=0.05, label="Temperature")
-                            top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="Top-p")
-                            seed = gr.Number(value=d.seed, precision=0, label="Seed", minimum=0)
-                    with gr.Row():
-                        run = gr.Button("▶ Run", variant="primary", elem_id="run")
-                        stop = gr.Button(STOP_LABEL, variant="stop", elem_id="stop")
-            run_status = gr.Markdown(f"Ready: press **Run**. <small>This app's {budgets.words()} "
-                                     "(runs take turns; a queued run shows its position).</small>",
-                                     elem_id="run-status", min_height=48)
-            lanes = gr.HTML(ui.empty_lanes_html(), css_template=LANES_CSS, js_on_load=None, elem_id="lanes")
-            with gr.Row():
-                race_plot = gr.Plot(plots.empty_figure(plots.RACE_TITLE), show_label=False, elem_id="plot-race")
-                lookahead_plot = gr.Plot(plots.empty_figure(plots.LOOKAHEAD_TITLE), show_label=False, elem_id="plot-lookahead")
-            with gr.Row():
-                latency_plot = gr.Plot(plots.empty_figure(plots.LATENCY_TITLE), show_label=False, elem_id="plot-latency")
-                confidence_plot = gr.Plot(plots.empty_figure(plots.CONFIDENCE_TITLE), show_label=False, elem_id="plot-confidence")
-            positions_plot = gr.Plot(plots.empty_figure(plots.POSITIONS_TITLE), show_label=False, elem_id="plot-positions")
-            summary = gr.Dataframe(summary_frame([]), label="Summary", interactive=False, elem_id="summary")
-            with gr.Row():
-                iterations_csv = gr.File(label="Download CSV: per-iteration trace", elem_id="iterations-csv")
-                tokens_csv = gr.File(label="Download CSV: per-token trace", elem_id="tokens-csv")
-                positions_csv = gr.File(label="Download CSV: acceptance by draft position", elem_id="positions-csv")
-            race_batch.build(iterations_csv, measured=lambda: _measured(loader.get_profile()))
+            c, outputs, run, stop = _race_tab(loader, budgets)
         with gr.Tab("Sweep"):
             build_sweep_tab(loader.get, gate)
         with gr.Tab("This machine"):
@@ -133,16 +130,13 @@ def build_demo(models: str | None = None) -> gr.Blocks:
             gr.Markdown(about.about_md(), latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
                                                        {"left": "$", "right": "$", "display": False}])
 
-        inputs = [prompt, lane_a, lane_b, k, threshold, max_lookahead, max_new_tokens, baseline, chat, sample,
-                  temperature, top_p, seed, lane_a_assistant, lane_b_assistant, engine]
-        outputs = [run_status, lanes, race_plot, lookahead_plot, latency_plot, confidence_plot, positions_plot, summary,
-                   iterations_csv, tokens_csv, positions_csv]
+        inputs = RACE_CONTROLS.inputs(c)
         # Stop ends the race at its next transformer layer, dropping the unfinished iteration; the race itself
         # then shows "Stopped" with the partial trace (see disco.app.session.StopSignals)
         # preprocess=False: compare checks every value itself (disco.limits, the engine), so a caller who sends a
         # string for a slider gets our one-line message, not Gradio's multi-line preprocessing report
         stops.wire(run, stop, compare, inputs, outputs, api_name="compare", concurrency_id="compute",
-                   concurrency_limit=1, show_progress="full", show_progress_on=[run_status], preprocess=False,
+                   concurrency_limit=1, show_progress="full", show_progress_on=[outputs[0]], preprocess=False,
                    validator=gate.validator_for(compare, len(inputs)))
         # the status line and the This-machine tab: polled by a timer per page, each tick a cheap unqueued call that
         # sends something only when it changed, stopped once the models and the profile are ready (no stream holds

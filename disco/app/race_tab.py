@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import gradio as gr
@@ -36,35 +35,10 @@ log = logging.getLogger("disco.app")
 UPDATE_INTERVAL_S = 0.25  # lanes, numbers and status: ~4 updates a second
 PLOT_INTERVAL_S = 1.0     # gr.Plot redraws whole figures (Plotly.react on 4 charts): more often stalls the browser
 
-# the lanes' policy menus: every kind the engine knows except the baseline (which has its own toggle), and
-# ``auto``: this machine's recommended setting, from the cost profile measured in the background
-AUTO = "auto"
-LANE_KINDS = [cls.kind for cls in policy_kinds() if cls.kind != AUTOREGRESSIVE] + [AUTO]
-# a lane's assistant: the app's default (DISCO_ASSISTANT_PRECISION, calibrated when auto), or one explicitly
-DEFAULT_ASSISTANT = "default"
-ASSISTANT_CHOICES = [DEFAULT_ASSISTANT, "model", "int8", "q4_0"]  # int8: torch's; q4_0: llama.cpp's (the pair checks)
-# what runs the models: the app's own (DISCO_ENGINE, auto), or the other engine where both are installed
-DEFAULT_ENGINE = "default"
-ENGINE_CHOICES = [DEFAULT_ENGINE, "llamacpp", "torch"]
-
-
-@dataclass(frozen=True)
-class Defaults:
-    lane_a: str = "static"
-    lane_b: str = "threshold"
-    k: int = 5
-    threshold: float = 0.4
-    max_lookahead: int = 20
-    max_new_tokens: int = 64
-    baseline: bool = True
-    chat: bool = True
-    sample: bool = False
-    temperature: float = 0.7
-    top_p: float = 0.9
-    seed: int = 0
-
-
-DEFAULTS = Defaults()
+from disco.app.race_inputs import (  # noqa: F401  (the tab's names, declared with its controls)
+    ASSISTANT_CHOICES, AUTO, DEFAULT_ASSISTANT, DEFAULT_ENGINE, DEFAULTS, ENGINE_CHOICES, LANE_KINDS, RACE_CONTROLS,
+    SLIDER_WHAT, RaceRequest,
+)
 
 EXAMPLES = [
     ["Write a Python function `is_prime(n)` that checks whether n is prime, with a docstring and two doctests."],
@@ -89,9 +63,6 @@ OUTPUT_LABELS = ("status", "lanes", "race", "lookahead", "latency", "confidence"
 
 def _fmt(x: float) -> str:
     return f"{round(float(x), 4):g}"
-
-
-SLIDER_WHAT = {"k": "static lookahead K", "threshold": "threshold", "kmax": "maximum lookahead"}
 
 
 def lane_policy(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
@@ -137,17 +108,6 @@ def _from_sliders(kind: str, k, threshold, max_lookahead) -> Policy:
         what = SLIDER_WHAT[p.slider]
         values[p.name] = limits.as_int(raw, what) if p.type is int else limits.as_float(raw, what)
     return parse_strategy(canonical_spec(kind, **values))  # through the grammar: the parameters' own range checks
-
-
-def slider_label(slider: str, title: str) -> str:
-    """A shared slider's label naming what it fills in each kind, e.g. "Threshold: TAU of threshold; H of cumulative"."""
-    by_token: dict[str, list[str]] = {}
-    for cls in policy_kinds():
-        for p in cls.params:
-            if p.slider == slider:
-                by_token.setdefault(p.token, []).append(cls.kind)
-    parts = [f"{token} of {', '.join(kinds)}" for token, kinds in by_token.items()]
-    return f"{title}: {'; '.join(parts)}" if parts else title
 
 
 def lane_policies(lane_a: str, lane_b: str, k, threshold, max_lookahead, baseline: bool,
@@ -272,16 +232,13 @@ def _blank(status: str, lanes: list[Policy], lane_message: str, plot_message: st
             *(plots.empty_figure(t, plot_message) for t in titles), summary_frame([]), None, None, None)
 
 
-def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = DEFAULTS.lane_b, k=DEFAULTS.k,
-            threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
-            max_new_tokens=DEFAULTS.max_new_tokens, baseline: bool = DEFAULTS.baseline, chat: bool = DEFAULTS.chat,
-            sample: bool = DEFAULTS.sample, temperature=DEFAULTS.temperature, top_p=DEFAULTS.top_p,
-            seed=DEFAULTS.seed, lane_a_assistant: str = DEFAULT_ASSISTANT, lane_b_assistant: str = DEFAULT_ASSISTANT,
-            engine: str = DEFAULT_ENGINE, *, interval: float = UPDATE_INTERVAL_S, plot_interval: float = PLOT_INTERVAL_S,
-            should_stop: Callable[[], bool] | None = None, get_profile: Callable[[], object] | None = None
-            ) -> Iterator[tuple]:
+def compare(get_pair, request=None, *, interval: float = UPDATE_INTERVAL_S, plot_interval: float = PLOT_INTERVAL_S,
+            should_stop: Callable[[], bool] | None = None, get_profile: Callable[[], object] | None = None,
+            **values) -> Iterator[tuple]:
     """Race the lanes and stream the page's outputs (see OUTPUT_LABELS).
 
+    ``request`` is a ``RaceRequest``, or the controls' raw values (a mapping, or the prompt with the other controls
+    as keywords: ``compare(pair, "def f", k=3)``), checked by ``RACE_CONTROLS`` here.
     ``get_pair`` is a pair or a function returning one (it may wait for start-up loading); it is called with
     ``engine=`` when the run asks for an engine other than the app's default (one engine per run).
     ``should_stop`` is polled before every forward pass: when it turns true the iteration in progress is
@@ -291,24 +248,27 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
     """
     start = time.perf_counter()
     try:
-        engine = engine_name(engine)
+        req = _request(request, values)
+        engine = engine_name(req.engine)
         if engine not in ENGINE_CHOICES:
             raise InputError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINE_CHOICES)}")
         prof = None
-        if AUTO in (str(lane_a).strip(), str(lane_b).strip()):
+        lane_a, lane_b = req.lane_a, req.lane_b
+        if AUTO in (lane_a.strip(), lane_b.strip()):
             prof = get_profile() if get_profile is not None else None
         # the controls become policies here, once: a typo fails before anything runs
-        lanes, notes = lane_policies(lane_a, lane_b, k, threshold, max_lookahead, baseline,
-                                     (lane_a_assistant, lane_b_assistant), prof)
+        lanes, notes = lane_policies(lane_a, lane_b, req.k, req.threshold, req.max_lookahead, req.baseline,
+                                     (req.lane_a_assistant, req.lane_b_assistant), prof)
         budgets = limits.Budgets.from_env()
-        prompt = limits.check_prompt(prompt)
+        prompt = limits.check_prompt(req.prompt)
         limits.check_lookahead(build_policies(lanes), budgets.max_lookahead)  # typed specs get the sliders' ranges
-        settings = decode_settings(max_new_tokens, sample, temperature, top_p, seed)
+        settings = decode_settings(req.max_new_tokens, req.sample, req.temperature, req.top_p, req.seed)
         limits.check_new_tokens(settings.max_new_tokens, budgets)
     except UserError as exc:
         raise gr.Error(str(exc), print_exception=False) from None
     for note in notes:
         gr.Warning(note)
+    chat = req.chat
 
     waiting = "warming up" + (" and computing the oracle's reference" if any(p.probes_verification for p in lanes) else "")
     yield _blank(f"○ **Starting** · {', '.join(f'`{p.spec}`' for p in lanes)} · {waiting}…", lanes,
@@ -357,8 +317,8 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
                           getattr(pair, "assistant_precision", None)) if not stopped else None
     out = render(snapshot, final=True, wall=time.perf_counter() - start, notes=notes, decode=decode, files=files,
                  stopped=stopped, quiet=checked)
-    auto = [lane_policy(AUTO, assistant=a, profile=prof) for lane, a in ((lane_a, lane_a_assistant),
-                                                                          (lane_b, lane_b_assistant))
+    auto = [lane_policy(AUTO, assistant=a, profile=prof) for lane, a in ((lane_a, req.lane_a_assistant),
+                                                                          (lane_b, req.lane_b_assistant))
             if str(lane).strip() == AUTO]
     if auto:  # the recommended setting, ready for the engine the user deploys on
         table = prof.batch_table(auto[0].assistant_precision) if auto[0].assistant_precision else None
@@ -366,6 +326,16 @@ def compare(get_pair, prompt: str, lane_a: str = DEFAULTS.lane_a, lane_b: str = 
         out = (f"{out[0]}\n\n<details><summary>auto's setting for transformers, llama.cpp and vLLM</summary>\n\n"
                f"{block}\n\n</details>", *out[1:])
     yield out
+
+
+def _request(request, values: dict) -> RaceRequest:
+    """The run's typed request: given, or parsed from the controls' raw values (one line for a bad one)."""
+    if isinstance(request, RaceRequest):
+        if values:
+            raise InputError(f"give the request or its values, not both ({', '.join(values)})")
+        return request
+    raw = dict(request) if isinstance(request, dict) else {"prompt": request, **values}
+    return RACE_CONTROLS.parse(raw)
 
 
 def engine_name(engine) -> str:
@@ -399,7 +369,8 @@ def _race_updates(pair, prompt, lanes, settings, chat, should_stop, start, notes
         now = time.perf_counter()
         # never spend more than about a third of the wall time on drawing (the lanes' own clocks don't
         # count it, but a visitor waits for it)
-        if not snapshot.finished and now - last >= max(interval, 2.0 * cost):
+        # (interval 0: every step, whatever drawing costs: what the tests ask for, on any machine)
+        if not snapshot.finished and now - last >= (max(interval, 2.0 * cost) if interval > 0 else 0.0):
             # the browser redraws four whole Plotly charts per update: they get a slower cadence than the text
             with_figures = now - last_plot >= max(plot_interval, interval)
             update = render(snapshot, final=False, wall=now - start, notes=notes, decode=decode, figures=with_figures)

@@ -24,7 +24,10 @@ from disco.app import plots, zerogpu
 from disco.app.session import COMPUTE_LOCK, STOP_LABEL, StopSignals
 from disco.bench.analysis import REFERENCE_SETTING, best_settings
 from disco.bench.heatmap import heatmap_figure
-from disco.app import sweep_batch, sweep_inputs, sweep_suites
+from disco.app import sweep_batch, sweep_suites
+from disco.app.sweep_controls import (  # noqa: F401  (the tab's names, declared with its controls)
+    DEFAULT_KMAXES, DEFAULT_STATIC, DEFAULT_TAUS, MAX_SWEEP_TOKENS, SWEEP_CONTROLS, SweepRequest, default_rules,
+)
 from disco.app.sweep_views import (
     DETAIL_COLUMNS, RULE_CHOICES, SUMMARY_COLUMNS, csv_path, detail_view, fit_words, kinds_table, status_line,
     top_settings,
@@ -34,15 +37,11 @@ from disco.bench.sweep import replay_iterations, sweep
 from disco.errors import BenchError
 from disco.costs import model as cost_mod
 from disco.errors import UserError, first_line
-from disco.policies import KMAXES, STATIC_KS, Policy, parse_strategy, policy_class, policy_kinds
-from disco.policies.grids import COARSE_TAUS, default_grid, rule_kinds
+from disco.policies import Policy, parse_strategy, policy_class
+from disco.policies.grids import default_grid
 
 log = logging.getLogger("disco.app")
 CSV_EVERY_S = 10.0
-DEFAULT_TAUS = ",".join(format(t, "g") for t in COARSE_TAUS)
-DEFAULT_STATIC = ",".join(str(k) for k in STATIC_KS)
-DEFAULT_KMAXES = ",".join(str(k) for k in KMAXES)
-MAX_SWEEP_TOKENS = 256  # the slider's end
 MAX_FIELD_CHARS = 2000  # a grid field; the settings limit (limits.Budgets) is checked once the grid is built
 
 
@@ -81,12 +80,6 @@ def grid_policies(static_ks: str, taus: str, kmaxes: str, heuristic: bool, oracl
     return default_grid(ks, ts, ms, heuristic=(5,) if heuristic else (), oracle=oracle, kinds=rules)
 
 
-def default_rules() -> list[str]:
-    """The rules ticked at first: every one but the hybrids (132 pairs: with them the default grid would pass the app's
-    settings limit; ticked, they fit beside the classic kinds)."""
-    return [kind for kind in rule_kinds() if not policy_class(kind).composite]
-
-
 def profile_choice(menu: str | None, upload: str | None) -> str:
     """The Sweep's cost profile: an uploaded CSV wins over the menu. The menu takes ``measured`` or ``flat:C``
     only (a typed path would let a caller read files on the server)."""
@@ -102,20 +95,7 @@ def profile_choice(menu: str | None, upload: str | None) -> str:
 
 @dataclass
 class _Widgets:
-    suite: gr.Dropdown
-    upload: gr.File
-    prompts: gr.CheckboxGroup
-    sample_n: gr.Number
-    sample_seed: gr.Number
-    static_ks: gr.Textbox
-    taus: gr.Textbox
-    kmaxes: gr.Textbox
-    heuristic: gr.Checkbox
-    oracle: gr.Checkbox
-    rules: gr.CheckboxGroup
-    max_new_tokens: gr.Slider
-    cost_profile: gr.Dropdown
-    cost_csv: gr.File
+    controls: dict  # the Run event's inputs by control name (SWEEP_CONTROLS)
     run: gr.Button
     stop: gr.Button
     status: gr.Markdown
@@ -130,10 +110,14 @@ class _Widgets:
     csv_file: gr.File
     state: gr.State
 
+    def __getattr__(self, name: str):  # w.suite_menu, w.profile_csv ...: the control of that name
+        controls = self.__dict__.get("controls") or {}
+        if name in controls:
+            return controls[name]
+        raise AttributeError(name)
+
     def run_inputs(self) -> list:
-        # the API's order: the original ten inputs first, the suite's after them
-        return [self.prompts, self.static_ks, self.taus, self.kmaxes, self.heuristic, self.oracle, self.max_new_tokens,
-                self.cost_profile, self.cost_csv, self.rules, self.suite, self.upload, self.sample_n, self.sample_seed]
+        return SWEEP_CONTROLS.inputs(self.controls)
 
     def outputs(self) -> list:
         return [self.status, self.heatmap, self.table, self.setting, self.detail_prompt, self.csv_file, self.state,
@@ -149,38 +133,26 @@ def _layout(suite) -> _Widgets:
         "are computed once per prompt (cached), then every setting is replayed without the models, its time estimated "
         "from per-pass costs measured here. The first run on a prompt takes about as long as decoding it twice; "
         "re-runs are instant. The answer is given overall and per kind of prompt.")
+    c = {}  # the widgets by control name: SWEEP_CONTROLS makes each
     with gr.Row():
         with gr.Column(scale=3):
             with gr.Row():
-                suite_menu = gr.Dropdown(sweep_suites.MENU, value=sweep_suites.BUILTIN, label="Suite",
-                                         elem_id="sweep-suite", interactive=True)
-                upload = gr.File(label="…or upload a suite (.jsonl, .csv, .json)", file_types=sweep_suites.UPLOAD_TYPES,
-                                 type="filepath", elem_id="sweep-suite-file")
-            prompts = gr.CheckboxGroup(sweep_suites.choices(suite), value=sweep_suites.default_ticks(suite),
-                                       label="Prompts", elem_id="sweep-prompts")
+                c["suite_menu"], c["suite_file"] = SWEEP_CONTROLS["suite_menu"].make(), SWEEP_CONTROLS["suite_file"].make()
+            c["prompt_ids"] = SWEEP_CONTROLS["prompt_ids"].make(choices=sweep_suites.choices(suite),
+                                                                value=sweep_suites.default_ticks(suite))
             with gr.Row():
-                sample_n = gr.Number(0, precision=0, minimum=0, maximum=sweep_suites.SAMPLE_MAX, elem_id="sweep-sample",
-                                     label="…or a sample of N prompts, stratified by kind (0: the ticked ones)")
-                sample_seed = gr.Number(0, precision=0, minimum=0, label="sample seed", elem_id="sweep-sample-seed")
+                c["sample_n"], c["sample_seed"] = SWEEP_CONTROLS["sample_n"].make(), SWEEP_CONTROLS["sample_seed"].make()
         with gr.Column(scale=2):
-            static_ks = gr.Textbox(DEFAULT_STATIC, label="Static K values", elem_id="sweep-static")
-            taus = gr.Textbox(DEFAULT_TAUS, label="Thresholds τ", elem_id="sweep-taus")
-            kmaxes = gr.Textbox(DEFAULT_KMAXES, label="KMAX values", elem_id="sweep-kmaxes")
+            for name in ("static_text", "tau_text", "kmax_text"):
+                c[name] = SWEEP_CONTROLS[name].make()
             with gr.Row():
-                heuristic = gr.Checkbox(True, label="heuristic:5")
-                oracle = gr.Checkbox(True, label="oracle (upper bound)")
-            rules = gr.CheckboxGroup(RULE_CHOICES, value=default_rules(), elem_id="sweep-rules",
-                                     label="More stopping rules (each over its own parameter grid, with these KMAX values)",
-                                     info=" · ".join(f"{cls.template()}" for cls in policy_kinds()
-                                                     if cls.kind in RULE_CHOICES))
-            max_new_tokens = gr.Slider(8, MAX_SWEEP_TOKENS, value=48, step=8, label="Max new tokens",
-                                       elem_id="sweep-max-new-tokens")
+                c["use_heuristic"], c["use_oracle"] = (SWEEP_CONTROLS["use_heuristic"].make(),
+                                                       SWEEP_CONTROLS["use_oracle"].make())
+            c["rule_choice"] = SWEEP_CONTROLS["rule_choice"].make(value=default_rules())
+            c["max_new"] = SWEEP_CONTROLS["max_new"].make()
             with gr.Row():
-                cost_profile = gr.Dropdown(list(cost_mod.PRESETS), value=cost_mod.MEASURED, allow_custom_value=True,
-                                           label="Cost profile (measured, or flat:C = a GPU-like regime)",
-                                           elem_id="sweep-cost-profile", interactive=True)
-                cost_csv = gr.File(label="…or a per-pass cost CSV (python -m disco profile --csv)", file_types=[".csv"],
-                                   type="filepath", elem_id="sweep-cost-csv")
+                c["profile_menu"], c["profile_csv"] = (SWEEP_CONTROLS["profile_menu"].make(),
+                                                       SWEEP_CONTROLS["profile_csv"].make())
             with gr.Row():
                 run = gr.Button("▶ Run sweep", variant="primary", elem_id="sweep-run")
                 stop = gr.Button(STOP_LABEL, variant="stop", elem_id="sweep-stop")
@@ -203,9 +175,8 @@ def _layout(suite) -> _Widgets:
     detail_table = gr.Dataframe(pd.DataFrame(columns=DETAIL_COLUMNS), label="Per iteration (replayed)",
                                 interactive=False, elem_id="sweep-detail")
     csv_file = gr.File(label="Download CSV: one row per prompt × setting", elem_id="sweep-csv")
-    return _Widgets(suite_menu, upload, prompts, sample_n, sample_seed, static_ks, taus, kmaxes, heuristic, oracle, rules,
-                    max_new_tokens, cost_profile, cost_csv, run, stop, status, heatmap_kind, heatmap, table, kinds,
-                    setting, detail_prompt, detail_plot, detail_table, csv_file, gr.State({}))
+    return _Widgets(c, run, stop, status, heatmap_kind, heatmap, table, kinds, setting, detail_prompt, detail_plot,
+                    detail_table, csv_file, gr.State({}))
 
 
 def _skip_all(n: int = 9):
@@ -269,38 +240,34 @@ def build_sweep_tab(get_pair, gate=None) -> None:
         return
     w = _layout(suite)
 
-    def run_sweep(prompt_ids, static_text, tau_text, kmax_text, use_heuristic, use_oracle, max_new,
-                  profile_menu=cost_mod.MEASURED, profile_csv=None, rule_choice=(), suite_menu=sweep_suites.BUILTIN,
-                  suite_file=None, sample_n=0, sample_seed=0, progress=gr.Progress(), request: gr.Request = None,
-                  records=None):
+    def sweep_run(raw: dict, request: gr.Request = None, progress=None, records=None):
+        """The Run event: ``raw``, the controls' values by name (``SWEEP_CONTROLS``); ``records``: the prompts of
+        the last sweep (re-costing), instead of the suite's."""
         start = time.perf_counter()
         should_stop = stops.for_request(request)
+        progress = progress if progress is not None else (lambda *a, **k: None)
         try:
+            req = SWEEP_CONTROLS.parse(raw)
             budgets = limits.Budgets.from_env()
-            profile = profile_choice(sweep_inputs.text(profile_menu, "cost profile"),
-                                     sweep_inputs.uploaded(profile_csv, "cost CSV"))
-            grid = grid_policies(sweep_inputs.text(static_text, "static K values"), sweep_inputs.text(tau_text, "τ"),
-                                 sweep_inputs.text(kmax_text, "KMAX values"), sweep_inputs.flag(use_heuristic, "heuristic"),
-                                 sweep_inputs.flag(use_oracle, "oracle"), budgets.max_lookahead,
-                                 sweep_inputs.choices(rule_choice, "stopping rules"))
+            profile = profile_choice(req.profile_menu, req.profile_csv)
+            grid = grid_policies(req.static_text, req.tau_text, req.kmax_text, req.use_heuristic, req.use_oracle,
+                                 budgets.max_lookahead, req.rule_choice)
             if records is None:
-                suite = sweep_suites.load(sweep_inputs.text(suite_menu, "suite") or sweep_suites.BUILTIN,
-                                          sweep_inputs.uploaded(suite_file, "suite file"))
-                records = sweep_suites.picked(suite, sweep_inputs.choices(prompt_ids, "prompts"),
-                                              sweep_inputs.number(sample_n, "sample size"),
-                                              sweep_inputs.number(sample_seed, "sample seed"))
-            max_new = limits.as_int(max_new, "max new tokens")
-            if not 8 <= max_new <= MAX_SWEEP_TOKENS:
-                raise BenchError(f"max new tokens must be between 8 and {MAX_SWEEP_TOKENS}, got {max_new}")
-            limits.check_sweep(len(grid), len(records), max_new, budgets)
+                suite = sweep_suites.load(req.suite_menu or sweep_suites.BUILTIN, req.suite_file)
+                records = sweep_suites.picked(suite, req.prompt_ids, req.sample_n, req.sample_seed)
+            if not 8 <= req.max_new <= MAX_SWEEP_TOKENS:
+                raise BenchError(f"max new tokens must be between 8 and {MAX_SWEEP_TOKENS}, got {req.max_new}")
+            limits.check_sweep(len(grid), len(records), req.max_new, budgets)
             deadline = limits.Deadline(budgets.run_s)
             should_stop = deadline.stop_check(should_stop)
-            yield from _stream(get_pair, records, grid, max_new, profile, should_stop, deadline, progress, start)
+            yield from _stream(get_pair, records, grid, req.max_new, profile, should_stop, deadline, progress, start)
         except (UserError, ValueError, RuntimeError) as exc:
             if not isinstance(exc, UserError):  # a fault of ours or of an engine: its traceback goes to the log
                 log.exception("sweep failed")
             yield (f"⚠ {first_line(exc)}", *_skip_all(8))
 
+    # the /sweep API: the controls' names and defaults, in their declared order (disco.app.sweep_controls)
+    run_sweep = SWEEP_CONTROLS.handler(sweep_run, "run_sweep", progress=True)
     run_sweep = zerogpu.gpu(run_sweep, limits.Budgets.from_env().run_s)  # a no-op off a ZeroGPU Space
 
     def show_detail(spec, prompt_id, st):
@@ -320,12 +287,13 @@ def build_sweep_tab(get_pair, gate=None) -> None:
 
     def redraw(*args, progress=gr.Progress(), request: gr.Request = None):
         """A new cost profile re-costs the last sweep's prompts and grid from their cached tables (seconds)."""
-        *inputs, st = args
+        *values, st = args
         if not st or not st.get("records"):
             yield _skip_all()
             return
-        inputs[6] = st.get("max_new_tokens", inputs[6])
-        yield from run_sweep(*inputs, progress=progress, request=request, records=list(st["records"].values()))
+        raw = dict(zip(SWEEP_CONTROLS.names, values))
+        raw["max_new"] = st.get("max_new_tokens", raw["max_new"])  # the last sweep's, whatever the slider says now
+        yield from sweep_run(raw, request=request, progress=progress, records=list(st["records"].values()))
 
     show_detail = zerogpu.gpu(show_detail, limits.Budgets.from_env().run_s)  # it may decode a chain
 
@@ -370,7 +338,7 @@ def _wire(w: _Widgets, stops, run_sweep, show_detail, redraw, heatmap_of, on_sui
                            show_progress="full", show_progress_on=[w.status], preprocess=False,
                            **compute(run_sweep, w.run_inputs()))
     run_event.then(show_detail, detail, details, api_visibility="private", **compute(show_detail, detail))
-    for widget in (w.cost_profile, w.cost_csv):
+    for widget in (w.profile_menu, w.profile_csv):
         widget.change(redraw, w.run_inputs() + [w.state], outputs, api_visibility="private", show_progress="minimal",
                       **compute(redraw, w.run_inputs() + [w.state])).then(
             show_detail, detail, details, api_visibility="private", **compute(show_detail, detail))
@@ -378,6 +346,6 @@ def _wire(w: _Widgets, stops, run_sweep, show_detail, redraw, heatmap_of, on_sui
         widget.input(show_detail, detail, details, api_visibility="private", **compute(show_detail, detail))
     # a heatmap from the last sweep's summary: cheap, so unqueued (it holds no place in the shared queue)
     w.heatmap_kind.input(heatmap_of, [w.heatmap_kind, w.state], [w.heatmap], api_visibility="private", queue=False)
-    for widget in (w.suite, w.upload):  # parsing an upload holds a place in the queue: one per visitor, as runs
-        widget.change(on_suite, [w.suite, w.upload], [w.prompts, w.status], api_visibility="private",
-                      **gated(on_suite, [w.suite, w.upload]))
+    for widget in (w.suite_menu, w.suite_file):  # parsing an upload holds a place in the queue: one per visitor
+        widget.change(on_suite, [w.suite_menu, w.suite_file], [w.prompt_ids, w.status], api_visibility="private",
+                      **gated(on_suite, [w.suite_menu, w.suite_file]))

@@ -60,6 +60,10 @@ def _fake_spaces() -> types.ModuleType:
 
 @pytest.fixture
 def zero_gpu(monkeypatch, tmp_path):
+    # an earlier test's app may still be loading and profiling in the background: its passes are not this test's
+    for thread in threading.enumerate():
+        if thread.name == "disco-model-loader" and thread is not threading.current_thread():
+            thread.join(timeout=600)
     spaces = _fake_spaces()
     monkeypatch.setitem(sys.modules, "spaces", spaces)
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
