@@ -48,6 +48,7 @@ class ModelLoader:
         self.profile = None
         self.profile_error: str | None = None
         self.profile_step = "waiting for the models"
+        self.load_step = "starting"  # what loading waits for now (the status line says it)
         self.started = time.perf_counter()
         self._done = threading.Event()
         self._profile_done = threading.Event()
@@ -68,8 +69,10 @@ class ModelLoader:
         print(f"DISCO Lab: loading the {self.spec!r} model pair…", flush=True)
         try:
             self.engine = self.engine or resolve_engine(self.engine_choice, self.spec, self.device, self.dtype)
-            pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True, engine=self.engine)
-            self.pair = resolve_assistant(pair, self.assistant, log=print)
+            pair = load_pair(self.spec, dtype=self.dtype, device=self.device, progress=True, engine=self.engine,
+                             log=self._say)
+            self.pair = resolve_assistant(pair, self.assistant, log=self._say)
+            self.load_step = "warming up"
             zerogpu.gpu(self.pair.warmup, zerogpu.WARMUP_S)()
             print(f"DISCO Lab: models ready in {time.perf_counter() - self.started:.1f} s: {self.pair.describe()}",
                   flush=True)
@@ -81,6 +84,11 @@ class ModelLoader:
         self._measure_profile()
         self._price_kernels()
         self._measure_other_engines()
+
+    def _say(self, message: str) -> None:
+        """A loading step: printed, and shown in the page's status line until the next one."""
+        print(message, flush=True)
+        self.load_step = str(message).removeprefix("[disco] ").strip()
 
     def _measure_profile(self) -> None:
         try:
@@ -232,7 +240,8 @@ class ModelLoader:
     def status(self) -> str:
         if not self.ready:
             return (f"○ Loading the **{self.spec}** model pair… "
-                    f"({time.perf_counter() - self.started:.0f} s; runs start as soon as it is ready)")
+                    f"({time.perf_counter() - self.started:.0f} s; runs start as soon as it is ready) · now: "
+                    f"{html.escape(self.load_step[:160])}")
         if self.error is not None:
             return f"✗ The **{self.spec}** models could not be loaded: {html.escape(str(self.error))}"
         d = self.pair.describe()
