@@ -13,8 +13,11 @@ reported on the test half (``disco.suites.split_of``); ``disco.bench.batch_answe
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -24,7 +27,7 @@ import pandas as pd
 from disco.costs.batched import DRAFTERS, BatchCosts, check_batch
 from disco.errors import BenchError
 from disco.policies.classic import STATIC_KS
-from disco.replay.batched import BatchReplayError, Setting, goodput, metrics, request_stream, simulate
+from disco.replay.batched import BatchReplayError, Setting, goodput, metrics, request_stream, simulate, trace
 from disco.replay.layouts import LAYOUTS, Pricer, check_layout
 from disco.replay.tables import ReplayTable
 
@@ -124,37 +127,85 @@ def _one(spec: str, tables: list[ReplayTable], batch: int, pricer: Pricer, study
 
 
 def run_study(tables_by_split: dict[str, list[ReplayTable]], costs: BatchCosts, profile: str, study: BatchStudy,
-              max_new_tokens: int, progress: bool = True) -> pd.DataFrame:
+              max_new_tokens: int, progress: bool = True, workers: int | None = None) -> pd.DataFrame:
     """Every (split, setting, B, layout) at fixed concurrency and every (split, setting, rate, layout) at the largest
-    B: one row each (``CSV_COLUMNS``)."""
-    rows: list[dict] = []
+    B: one row each (``CSV_COLUMNS``). Each (split, layout) is a job of its own, run on ``workers`` processes (default:
+    this machine's cores; ``DISCO_BATCH_WORKERS``), forked after the rules that read no costs have been replayed once
+    per table (``disco.replay.batched.trace``), so every job shares those iterations; rows come back in job order, so
+    the frame is the same whatever the number of workers."""
     started = time.perf_counter()
-    for split, tables in tables_by_split.items():
-        if not tables:
-            continue
-        traces: dict = {}  # each (table, setting)'s iterations, replayed once for every B, layout and seed
-        for layout in study.layouts:
-            pricer = Pricer(costs, layout)
-            slo = _slo(tables, pricer, study, max_new_tokens, traces)
-            for batch in study.batches:
-                rows += _points(tables, pricer, study, max_new_tokens, batch, None, "closed", slo,
-                                dict(split=split, layout=layout, batch=batch), traces)
-            cap = study.batches[-1]
-            if not study.rates:
-                continue
-            base = _one(BASELINE, tables, cap, pricer, study, max_new_tokens, traces=traces)
-            mean_tokens = np.mean([len(t.reference_for(max_new_tokens)) for t in tables])
-            saturated = base["tokens_per_s"] / max(mean_tokens, 1e-9)
-            for label, value, relative in parse_rates(study.rates):
-                rate = value * saturated if relative else value
-                rows += _points(tables, pricer, study, max_new_tokens, cap, rate, label, slo,
-                                dict(split=split, layout=layout, batch=cap), traces)
-        if progress:
-            _log(f"batch: {split} done ({time.perf_counter() - started:.0f} s)")
+    jobs = [(split, layout) for split, tables in tables_by_split.items() if tables for layout in study.layouts]
+    traces = {split: _warm(tables, study, max_new_tokens) for split, tables in tables_by_split.items() if tables}
+    _SHARED.update(tables=tables_by_split, costs=costs, study=study, max_new=max_new_tokens, traces=traces)
+    workers = min(len(jobs), _workers(workers)) if jobs else 1
+    rows: list[dict] = []
+    try:
+        if workers <= 1:
+            results = map(_job, jobs)
+        else:
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+            results = pool.map(_job, jobs)
+        for (split, layout), job_rows in zip(jobs, results):
+            rows += job_rows
+            if progress:
+                _log(f"batch: {split} {layout} done ({time.perf_counter() - started:.0f} s)")
+    finally:
+        if workers > 1:
+            pool.shutdown(cancel_futures=True)
+        _SHARED.clear()
     frame = pd.DataFrame(rows)
     frame["cost_profile"] = profile
     frame["label"] = costs.label
     return frame[[c for c in CSV_COLUMNS if c in frame.columns]]
+
+
+_SHARED: dict = {}  # the study's inputs, set before the workers fork (they read it; nothing is pickled but the rows)
+
+
+def _workers(asked: int | None) -> int:
+    if asked is not None:
+        return max(1, int(asked))
+    env = os.environ.get("DISCO_BATCH_WORKERS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise BenchError(f"DISCO_BATCH_WORKERS={env!r}: give a whole number of processes") from None
+    return os.cpu_count() or 1
+
+
+def _warm(tables: list[ReplayTable], study: BatchStudy, max_new: int) -> dict:
+    """Each cost-free per-sequence rule replayed once per table, before the jobs fork."""
+    traces: dict = {}
+    for spec in study.settings:
+        setting = Setting(spec)
+        if setting.cacheable:
+            for table in tables:
+                trace(table, setting, max_new, traces)
+    return traces
+
+
+def _job(job: tuple[str, str]) -> list[dict]:
+    """One (split, layout): every B at fixed concurrency, then every arrival rate at the largest B."""
+    split, layout = job
+    tables, study, max_new = _SHARED["tables"][split], _SHARED["study"], _SHARED["max_new"]
+    traces = _SHARED["traces"][split]
+    pricer = Pricer(_SHARED["costs"], layout)
+    slo = _slo(tables, pricer, study, max_new, traces)
+    rows: list[dict] = []
+    for batch in study.batches:
+        rows += _points(tables, pricer, study, max_new, batch, None, "closed", slo,
+                        dict(split=split, layout=layout, batch=batch), traces)
+    cap = study.batches[-1]
+    if study.rates:
+        base = _one(BASELINE, tables, cap, pricer, study, max_new, traces=traces)
+        mean_tokens = np.mean([len(t.reference_for(max_new)) for t in tables])
+        saturated = base["tokens_per_s"] / max(mean_tokens, 1e-9)
+        for label, value, relative in parse_rates(study.rates):
+            rate = value * saturated if relative else value
+            rows += _points(tables, pricer, study, max_new, cap, rate, label, slo,
+                            dict(split=split, layout=layout, batch=cap), traces)
+    return rows
 
 
 def _slo(tables, pricer: Pricer, study: BatchStudy, max_new: int, traces=None) -> tuple[float, float]:

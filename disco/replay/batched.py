@@ -138,15 +138,8 @@ class _Slot:
         self.admitted_ms = admitted_ms  # when it took its slot (closed-loop TTFT counts from here)
         self.first_ms = math.nan
         self.emissions: list[tuple[float, int]] = []
-        key = (id(request.table), setting.spec, max_new_tokens)
         if traces is not None and setting.cacheable:
-            if key not in traces:  # a per-sequence rule that reads no costs: the same iterations at every B and layout
-                run = ReplayRun(request.table, setting.policy(), max_new_tokens)
-                steps = []
-                while not run.done:
-                    steps.append(_row_of(run))
-                traces[key] = (steps, list(run.output_ids))
-            self.run, (self._steps, self._output) = None, traces[key]
+            self.run, (self._steps, self._output) = None, trace(request.table, setting, max_new_tokens, traces)
             self._next = 0
         else:
             self.run = ReplayRun(request.table, setting.policy(), max_new_tokens, view, bind=bind)
@@ -166,6 +159,19 @@ class _Slot:
             self._next += 1
             row, emitted = self._steps[self._next - 1]
         return dataclasses.replace(row, slot=self.slot), emitted
+
+
+def trace(table, setting: Setting, max_new_tokens: int, traces: dict) -> tuple[list, list[int]]:
+    """A per-sequence rule that reads no costs (``Setting.cacheable``) on one table: its iterations as batch rows and
+    its output, the same at every B, layout and seed, so replayed once and kept in ``traces``."""
+    key = (id(table), setting.spec, max_new_tokens)
+    if key not in traces:
+        run = ReplayRun(table, setting.policy(), max_new_tokens)
+        steps = []
+        while not run.done:
+            steps.append(_row_of(run))
+        traces[key] = (steps, list(run.output_ids))
+    return traces[key]
 
 
 def _row_of(run: ReplayRun) -> tuple[RowPass, int]:

@@ -73,6 +73,18 @@ def test_study_runs_every_point_with_the_target_alone_as_its_baseline():
     assert (rows[rows["arrival"] == "0.5x"]["batch"] == 4).all()
 
 
+def test_the_study_is_the_same_on_one_process_or_several():
+    """(split, layout) jobs run on forked workers: the rows, in order, equal one process's."""
+    tables = [synthetic_table(s) for s in range(4)]
+    study = BatchStudy(batches=(1, 4), layouts=("ragged", "llama-split", "padded-max"), rates=("0.8x",),
+                       settings=("static:3", "threshold:0.4:20", "batchstop:8"), requests=12, seeds=1)
+    one = run_study({"train": tables[:2], "test": tables[2:]}, TokenCurve(CURVE), "t", study, 24, progress=False,
+                    workers=1)
+    three = run_study({"train": tables[:2], "test": tables[2:]}, TokenCurve(CURVE), "t", study, 24, progress=False,
+                      workers=3)
+    pd.testing.assert_frame_equal(one, three)
+
+
 def test_default_settings_hold_the_reference_and_the_batch_stop():
     settings = default_settings()
     assert "threshold:0.4:20" in settings and "batchstop:20" in settings and settings[0] == "autoregressive"
