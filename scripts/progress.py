@@ -39,6 +39,7 @@ class Job:
     status: int | None = None
     done: float = 0.0  # fraction
     detail: str = ""
+    _first: tuple[float, float] | None = None  # (when, fraction) of the first progress read: the rate counts from it
     _offset: int = 0
     _count: int = 0
     _installing: bool = False
@@ -52,6 +53,8 @@ class Job:
             self._offset += cut
             for line in chunk[:cut].decode("utf-8", "replace").splitlines():
                 self._read(line.strip())
+        if self._first is None and self.done > 0:
+            self._first = (now, self.done)
         if self.status is None and self.rc.exists():
             text = self.rc.read_text().strip()
             if text:
@@ -82,7 +85,10 @@ class Job:
             verdict = "done" if self.status == 0 else f"FAILED (exit {self.status})"
             return f"{self.name} {verdict} in {_clock(elapsed)}"
         bar = _bar(self.done)
-        left = f", ~{_clock(elapsed * (1 - self.done) / self.done)} left" if 0.02 < self.done < 1 else ""
+        left = ""
+        if self._first is not None and now > self._first[0] and self.done - self._first[1] >= 0.02:
+            rate = (self.done - self._first[1]) / (now - self._first[0])  # from the first progress seen, so a job's
+            left = f", ~{_clock((1 - self.done) / rate)} left"             # quiet start (a download) does not count
         return f"{self.name} {bar} {self.detail or 'starting'} ({_clock(elapsed)}{left})"
 
 
