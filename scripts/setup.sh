@@ -37,7 +37,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # 285-321 s with both at one priority; pip --no-compile is no answer where PYTHONDONTWRITEBYTECODE is set, as here)
   (nice -n 10 .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -r "$reqs" >"$jobs/install.log" 2>&1
    rc=$?
-   if [ $rc = 0 ] && [ "${DISCO_MODELS:-embedded}" = embedded ]; then
+   if [ $rc = 0 ] && [ "${DISCO_MODELS:-embedded}" = embedded ] && [ -d disco ]; then
      echo "setup: preparing the embedded pair's files" >>"$jobs/install.log"
      nice -n 10 .venv/bin/python -m disco models prepare --engine llamacpp >>"$jobs/install.log" 2>&1 \
        || echo "setup: the embedded pair's files were not prepared now (the app's first start does it): $(tail -n 1 "$jobs/install.log")" >&2

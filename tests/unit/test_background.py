@@ -55,6 +55,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("thread", ["registered", "plain"])
 @pytest.mark.parametrize("engine", ["torch", "llamacpp"])
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_exit_while_a_background_thread_is_inside_a_pass(engine, thread, tmp_path):
     if engine == "llamacpp" and llama.available() is not None:
         pytest.skip(llama.available())

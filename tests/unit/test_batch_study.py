@@ -141,6 +141,7 @@ def test_parse_rates():
     assert parse_rates(["2.5", "0.8x"]) == [("2.5", 2.5, False), ("0.8x", 0.8, True)]
 
 
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_bench_batch_on_the_tiny_pairs_tables(tmp_path, capsys):
     args = ["bench", "--models", "tiny", "--mode", "replay", "--prompts", "code-binary-search,code-lru-cache,"
             "explain-gil,prose-advice", "--max-new-tokens", "16", "--cost-profile", "flat:0.1",

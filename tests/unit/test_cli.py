@@ -29,6 +29,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           env=env, timeout=300)
 
 
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_generate_json_and_csv_contracts(tmp_path):
     csv_path, tok_path = tmp_path / "trace.csv", tmp_path / "tokens.csv"
     args = ["generate", "--models", "tiny", "--prompt", "def add(a, b):", "--max-new-tokens", "40", "--json",
@@ -110,6 +111,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, needle):
     assert lines[0].startswith("disco: error:") and needle in lines[0]
 
 
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_bad_input_in_a_real_process_has_no_traceback():
     """The same contract seen from outside: one stderr line, exit code 2, no traceback."""
     for args in (["generate", "--models", "tiny", "--prompt", "x", "--strategy", "threshold:2"],
@@ -157,6 +159,7 @@ def test_models_list_shows_every_preset(capsys, tmp_path, monkeypatch):
     assert "TARGET::ASSISTANT" in out
 
 
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_profile_json_and_csv_then_auto_lane(tmp_path):
     env_cache = {"DISCO_CACHE": str(tmp_path / "cache")}
     env = dict(os.environ, PYTHONPATH=str(ROOT), **env_cache)

@@ -91,6 +91,7 @@ def _bench(*args, cwd=ROOT):
                           capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_bench_recosts_cached_tables_under_a_flat_profile_without_the_models(tmp_path):
     tables = tmp_path / "tables"
     base = ["--prompts", "code-complete-fib,explain-kv-cache", "--max-new-tokens", "12", "--static-ks", "1,3",

@@ -76,6 +76,7 @@ def test_the_choice_is_kept_per_machine_and_auto_follows_it(monkeypatch, tmp_pat
     assert "python -m disco profile --engine torch" in hint and "8.6 GiB" in hint
 
 
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_generate_json_names_the_engine_and_its_kernels(tmp_path):
     sys.path.insert(0, str(ROOT / "tests"))
     import tiny_gguf

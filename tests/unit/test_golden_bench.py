@@ -22,6 +22,8 @@ import pytest
 
 from disco import cli
 
+pytestmark = pytest.mark.slow  # statistical / end-to-end runs: out of the fast tier (./test.sh -m fast)
+
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 CASES = {
     "bench_replay_flat": ["--prompts", "code-binary-search,explain-gil,prose-advice,summ-email"],

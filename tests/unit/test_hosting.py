@@ -127,6 +127,7 @@ def test_the_cli_refuses_an_infinite_token_count_with_exit_2(tmp_path):
 @pytest.mark.parametrize("name, value", [("DISCO_QUEUE_MAX", "x"), ("DISCO_LLAMA_THREADS", "0"),
                                          ("DISCO_ENGINES", "vulkan"), ("DISCO_MAX_UPLOAD_MB", "-1"),
                                          ("DISCO_RUN_BUDGET_S", "inf")])
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_a_bad_operator_variable_stops_the_app_with_one_line(name, value):
     env = {**os.environ, name: value, "DISCO_MODELS": "tiny", "GRADIO_SERVER_PORT": "1"}
     run = subprocess.run([sys.executable, "app.py"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
@@ -183,3 +184,15 @@ def test_an_uploaded_file_must_be_one_gradio_received(tmp_path):
         with pytest.raises(BenchError):
             sweep_inputs.uploaded(bad, "suite file")
     assert sweep_inputs.uploaded(None, "suite file") is None
+
+
+def test_the_status_line_says_what_loading_waits_for():
+    """Before the pair is ready the page's status line names the loading step now under way (issue 35)."""
+    from disco.app import loader as app_loader
+
+    loader = app_loader.ModelLoader("tiny", profile=False)
+    assert "now: starting" in loader.status()
+    loader._say("[disco] target: joining 22 parts (1.12 GB) and checking sha256 ...")
+    assert "now: target: joining 22 parts" in loader.status() and "[disco]" not in loader.status()
+    loader._say("<b>" + "x" * 500)
+    assert "&lt;b&gt;" in loader.status() and len(loader.status()) < 400  # escaped and cut

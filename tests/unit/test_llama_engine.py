@@ -235,6 +235,7 @@ def test_speculative_sampling_keeps_the_target_distribution(gguf_small):
     assert p_value(counts, probs) > 1e-3
 
 
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_the_command_line_runs_a_gguf_pair_on_llama_cpp(gguf_tiny, tmp_path):
     import subprocess
     import sys

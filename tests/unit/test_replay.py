@@ -69,6 +69,7 @@ def _assert_same(decoder, result, spec):
 
 
 @pytest.mark.parametrize("prompt,chat", PROMPTS)
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_replay_matches_the_engine_for_every_policy(tiny_pair, prompt, chat):
     max_new = 32
     ids = encode_prompt(tiny_pair, prompt, chat, max_new)
@@ -106,6 +107,7 @@ def test_eos_drafted_and_emitted_matches(tiny_pair):
     assert "eos" in stops  # the assistant drafted the EOS token at least once
 
 
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_default_grid_replays_like_the_engine(tiny_pair):
     grid = default_grid()
     classic = 1 + 11 + 1 + 19 * 4 + 1

@@ -328,6 +328,7 @@ def test_gpu_check_help_runs():
     assert done.returncode == 0 and "--quick" in done.stdout and "--device" in done.stdout
 
 
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_gpu_check_on_the_cpu_writes_a_batched_profile(tmp_path):
     out = tmp_path / "profile.csv"
     command = [sys.executable, str(ROOT / "scripts/gpu_check.py"), "--device", "cpu", "--quick", "--scale", "8",

@@ -16,6 +16,8 @@ from disco.decode.sampling import distribution
 from disco.decode.settings import DecodeSettings
 from disco.policies import parse_strategy
 
+pytestmark = pytest.mark.slow  # statistical / end-to-end runs: out of the fast tier (./test.sh -m fast)
+
 PROMPT = [1, 2, 3]
 NEW = 3          # tokens per sample: two drafts + the bonus, or a rejection and a fresh iteration
 SAMPLES = 3000

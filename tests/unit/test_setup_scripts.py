@@ -190,3 +190,15 @@ def test_progress_says_nothing_when_all_is_there_already(tmp_path, monkeypatch):
 def test_progress_refuses_a_bad_job_spec():
     with pytest.raises(SystemExit, match="bad job"):
         progress.parse_job("install:npm:a.log:a.rc")
+
+
+@pytest.mark.parametrize("args, env, says", [
+    (["bogus"], {}, "unknown phase 'bogus'"),
+    (["build"], {"DISCO_LLAMA_VARIANTS": "some"}, "DISCO_LLAMA_VARIANTS=some: use native"),
+])
+def test_the_build_script_refuses_a_bad_request_in_one_line(args, env, says):
+    import os
+
+    proc = subprocess.run(["bash", str(ROOT / "scripts/llama-build.sh"), *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=60)
+    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

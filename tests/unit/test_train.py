@@ -34,6 +34,7 @@ def trained(tmp_path_factory):
     return out, tmp / "tables", done.stderr
 
 
+@pytest.mark.slow  # out of the fast tier (./test.sh -m fast): a real process or a long run
 def test_train_writes_weights_that_load_with_their_test_split_metrics(trained):
     out, _, log = trained
     data = json.loads(out.read_text())  # plain JSON, not a pickle
