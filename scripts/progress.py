@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -127,8 +128,9 @@ def watch(jobs: list[Job], every: float, out=sys.stderr, tty: bool | None = None
         if finished and now - begun < quiet_under and not any(job.status for job in jobs):
             return 0  # all there already: nothing to say
         text = "setup: " + "  |  ".join(job.line(now) for job in jobs)
-        if tty:
-            out.write("\r\033[K" + text + ("\n" if finished else ""))
+        if tty:  # one row, redrawn: cut to the terminal's width (a wrapped line would leave a row behind each time)
+            width = shutil.get_terminal_size((120, 24)).columns - 1
+            out.write("\r\033[K" + (text[:width] if not finished else text) + ("\n" if finished else ""))
             out.flush()
         elif finished or now - last >= every:
             out.write(text + "\n")

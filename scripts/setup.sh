@@ -19,12 +19,17 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=".venv/.installed-$(basename "$reqs")"
 want="$(cat requirements*.txt | sha256sum | cut -c1-16)"
+case "${DISCO_LLAMA_VARIANTS:-native}" in native|all) ;;
+  *) echo "setup: DISCO_LLAMA_VARIANTS=$DISCO_LLAMA_VARIANTS: use native (this CPU's kernels) or all (every x86 CPU's)" >&2; exit 2;;
+esac
 jobs=.venv/.setup
 rm -rf "$jobs" && mkdir -p "$jobs"
 progress=()
+# Ctrl-C or a kill stops the jobs too (background jobs of a script ignore SIGINT; all of them share its group)
+trap 'trap - INT TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM
 
 # the llama.cpp engine: built once (minutes), then reused; never fatal (the torch engine works without it)
-(DISCO_BUILD_LOG="$jobs/build.log" scripts/llama-build.sh build; echo $? >"$jobs/build.rc") &
+(set +e; DISCO_BUILD_LOG="$jobs/build.log" scripts/llama-build.sh build; echo $? >"$jobs/build.rc") &
 progress+=("llama.cpp build:build:$jobs/build.log:$jobs/build.rc")
 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
@@ -35,7 +40,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # load would do; DISCO_MODELS=tiny or a hub pair skips it)
   # pip runs niced: the build (the longer job) gets the cores first, pip what is left (measured: the first start
   # 285-321 s with both at one priority; pip --no-compile is no answer where PYTHONDONTWRITEBYTECODE is set, as here)
-  (nice -n 10 .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -r "$reqs" >"$jobs/install.log" 2>&1
+  (set +e  # whatever happens, the job's status is written (the progress line waits for it)
+   nice -n 10 .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -r "$reqs" >"$jobs/install.log" 2>&1
    rc=$?
    if [ $rc = 0 ] && [ "${DISCO_MODELS:-embedded}" = embedded ] && [ -d disco ]; then
      echo "setup: preparing the embedded pair's files" >>"$jobs/install.log"

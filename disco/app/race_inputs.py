@@ -55,8 +55,14 @@ def _flag(what: str):
 
 
 def _slider_label(slider: str, title: str) -> str:
-    """A shared slider's label, naming the policy parameters it fills (from the policies' metadata)."""
-    parts = [f"{cls.kind} {p.name}" for cls in policy_kinds() for p in cls.params if p.slider == slider]
+    """A shared slider's label naming what it fills in each kind, e.g. "Threshold: TAU of threshold; H of cumulative"
+    (from the policies' metadata)."""
+    by_token: dict[str, list[str]] = {}
+    for cls in policy_kinds():
+        for p in cls.params:
+            if p.slider == slider:
+                by_token.setdefault(p.token, []).append(cls.kind)
+    parts = [f"{token} of {', '.join(kinds)}" for token, kinds in by_token.items()]
     return f"{title}: {'; '.join(parts)}" if parts else title
 
 

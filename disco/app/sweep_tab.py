@@ -268,6 +268,7 @@ def build_sweep_tab(get_pair, gate=None) -> None:
 
     # the /sweep API: the controls' names and defaults, in their declared order (disco.app.sweep_controls)
     run_sweep = SWEEP_CONTROLS.handler(sweep_run, "run_sweep", progress=True)
+    recost = zerogpu.gpu(sweep_run, limits.Budgets.from_env().run_s)  # re-costing may run models too
     run_sweep = zerogpu.gpu(run_sweep, limits.Budgets.from_env().run_s)  # a no-op off a ZeroGPU Space
 
     def show_detail(spec, prompt_id, st):
@@ -293,7 +294,7 @@ def build_sweep_tab(get_pair, gate=None) -> None:
             return
         raw = dict(zip(SWEEP_CONTROLS.names, values))
         raw["max_new"] = st.get("max_new_tokens", raw["max_new"])  # the last sweep's, whatever the slider says now
-        yield from sweep_run(raw, request=request, progress=progress, records=list(st["records"].values()))
+        yield from recost(raw, request=request, progress=progress, records=list(st["records"].values()))
 
     show_detail = zerogpu.gpu(show_detail, limits.Budgets.from_env().run_s)  # it may decode a chain
 

@@ -220,11 +220,14 @@ def _llama_statistics(merged: pd.DataFrame) -> dict:
     (``disco.decode.acceptance.llamacpp``: n_drafted = draft tokens sent to the target, n_accept = those it kept,
     accept = 100 * n_accept / n_drafted), summed over the prompts where the peer printed them; {} for llama-bench's
     plain decoding, which drafts nothing."""
-    theirs = pd.to_numeric(merged.get("drafted_hf"), errors="coerce")
-    if theirs is None or theirs.isna().all():
+    if "drafted_hf" not in merged or "accepted_hf" not in merged:
         return {}
-    both = merged[theirs.notna()]
-    out = {}
+    printed = (pd.to_numeric(merged["drafted_hf"], errors="coerce").notna()
+               & pd.to_numeric(merged["accepted_hf"], errors="coerce").notna())
+    if not printed.any():
+        return {}
+    both = merged[printed]
+    out = {"llamacpp_prompts": int(len(both))}
     for side in ("ours", "hf"):
         drafted = int(pd.to_numeric(both[f"drafted_{side}"], errors="coerce").fillna(0).sum())
         accepted = int(pd.to_numeric(both[f"accepted_{side}"], errors="coerce").fillna(0).sum())

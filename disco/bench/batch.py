@@ -130,16 +130,19 @@ def run_study(tables_by_split: dict[str, list[ReplayTable]], costs: BatchCosts, 
               max_new_tokens: int, progress: bool = True, workers: int | None = None) -> pd.DataFrame:
     """Every (split, setting, B, layout) at fixed concurrency and every (split, setting, rate, layout) at the largest
     B: one row each (``CSV_COLUMNS``). Each (split, layout) is a job of its own, run on ``workers`` processes (default:
-    this machine's cores; ``DISCO_BATCH_WORKERS``), forked after the rules that read no costs have been replayed once
+    the cores this process may use; ``DISCO_BATCH_WORKERS``; one where a table still holds its models), forked after the rules that read no costs have been replayed once
     per table (``disco.replay.batched.trace``), so every job shares those iterations; rows come back in job order, so
     the frame is the same whatever the number of workers."""
     started = time.perf_counter()
     jobs = [(split, layout) for split, tables in tables_by_split.items() if tables for layout in study.layouts]
-    traces = {split: _warm(tables, study, max_new_tokens) for split, tables in tables_by_split.items() if tables}
-    _SHARED.update(tables=tables_by_split, costs=costs, study=study, max_new=max_new_tokens, traces=traces)
     workers = min(len(jobs), _workers(workers)) if jobs else 1
+    if any(t.builder is not None for tables in tables_by_split.values() for t in tables):
+        workers = 1  # tables that may still run their models (a chain extended): never in a forked child
     rows: list[dict] = []
+    pool = None
     try:
+        traces = {split: _warm(tables, study, max_new_tokens) for split, tables in tables_by_split.items() if tables}
+        _SHARED.update(tables=tables_by_split, costs=costs, study=study, max_new=max_new_tokens, traces=traces)
         if workers <= 1:
             results = map(_job, jobs)
         else:
@@ -150,7 +153,7 @@ def run_study(tables_by_split: dict[str, list[ReplayTable]], costs: BatchCosts, 
             if progress:
                 _log(f"batch: {split} {layout} done ({time.perf_counter() - started:.0f} s)")
     finally:
-        if workers > 1:
+        if pool is not None:
             pool.shutdown(cancel_futures=True)
         _SHARED.clear()
     frame = pd.DataFrame(rows)
@@ -171,7 +174,7 @@ def _workers(asked: int | None) -> int:
             return max(1, int(env))
         except ValueError:
             raise BenchError(f"DISCO_BATCH_WORKERS={env!r}: give a whole number of processes") from None
-    return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _warm(tables: list[ReplayTable], study: BatchStudy, max_new: int) -> dict:

@@ -52,7 +52,8 @@ def answer_per_batch(pair, prompts: list[SuitePrompt], specs: list[str], max_new
     study = BatchStudy(batches=tuple(batches), layouts=(layout,), rates=(), settings=tuple(batch_settings(specs)),
                        seeds=seeds)
     try:
-        rows = run_study(by_split, costs, name, study, max_new_tokens, progress=False)
+        # in the app's process (threads, a loaded pair, maybe a GPU): one process, never a fork
+        rows = run_study(by_split, costs, name, study, max_new_tokens, progress=False, workers=1)
     finally:
         for t in tables:
             if t.dirty:

@@ -220,13 +220,13 @@ def _llama_statistics_md(peers: pd.DataFrame) -> list[str]:
     """llama-speculative-simple's own closing statistics beside ours, counted its way (disco.decode.acceptance)."""
     if "llamacpp_n_drafted_peer" not in peers or peers["llamacpp_n_drafted_peer"].isna().all():
         return []
-    rows = [[f"`{p.strategy}`", p.prompts, f"{int(p.llamacpp_n_drafted_ours)} / {int(p.llamacpp_n_drafted_peer)}",
+    rows = [[f"`{p.strategy}`", int(p.llamacpp_prompts), f"{int(p.llamacpp_n_drafted_ours)} / {int(p.llamacpp_n_drafted_peer)}",
              f"{int(p.llamacpp_n_accept_ours)} / {int(p.llamacpp_n_accept_peer)}",
              f"{_fmt(p.llamacpp_accept_pct_ours, '.2f')} / {_fmt(p.llamacpp_accept_pct_peer, '.2f')}",
              _fmt(p.llamacpp_same_counts)]
             for p in peers.itertuples() if p.llamacpp_n_drafted_peer == p.llamacpp_n_drafted_peer]
     return ["", "### llama.cpp's printed statistics beside ours (its definitions)", "",
-            md_table(["strategy", "prompts", "n_drafted ours / llama.cpp", "n_accept ours / llama.cpp",
+            md_table(["strategy", "prompts it printed", "n_drafted ours / llama.cpp", "n_accept ours / llama.cpp",
                       "accept % ours / llama.cpp", "same counts"], rows), "",
             "n_drafted: draft tokens sent to the target; n_accept: those it kept; accept = 100 · n_accept / "
             "n_drafted, as `llama-speculative-simple` prints them at its end (the glossary: docs/glossary.md). Our "

