@@ -57,7 +57,8 @@ serves() {  # serves FLAVOUR: does a build of this flavour serve what is wanted 
     *) [ -z "$cmake_hash" ] || return 1;;
   esac
   [ "$f" = "$kind" ] && return 0
-  [ "$f" = portable-avx2 ] && return 0  # made only where the variant modules do not compile: building again won't help
+  # made only where the compiler is too old for the variant modules (building again won't help), and only for AVX2 CPUs
+  [ "$f" = portable-avx2 ] && grep -qw avx2 /proc/cpuinfo 2>/dev/null && return 0
   if [ "$kind" = cpu-native-1 ]; then
     [ "$f" = cpu-variants-1 ] && return 0  # every variant serves any CPU
     case "$f" in
@@ -144,7 +145,11 @@ build() {  # the kept wheel for what is wanted, unless it is there already
     if [ "$kind" = default-1 ]; then
       say "the llama-cpp-python build failed ($failure); the torch engine works"; return 0
     fi
-    say "the build with CPU variant modules failed ($failure); building the portable AVX2 one instead"
+    if [ "$(g++ -dumpversion 2>/dev/null | cut -d. -f1)" -ge 11 ] 2>/dev/null; then  # not the old-compiler case
+      say "the llama-cpp-python build failed ($failure); the torch engine works (the next start tries again)"
+      return 0
+    fi
+    say "the build with CPU variant modules failed ($failure; g++ $(g++ -dumpversion) is older than 11); building the portable AVX2 one instead"
     flavour=portable-avx2
     if ! wheel_build portable-avx2; then
       say "the llama-cpp-python build failed ($(grep -E 'error:|CMake Error|^ERROR' "$log" | tail -n 1 | cut -c1-200)); the torch engine works"
