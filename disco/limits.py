@@ -119,6 +119,21 @@ def as_text(value, what: str) -> str:
     return value
 
 
+FLAG_TRUE, FLAG_FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", ""}
+
+
+def as_flag(value, what: str, error: type[Exception] = InputError) -> bool:
+    """A checkbox's value: a bool, 0 / 1, or true / false / yes / no / on / off as text; one line (``error``) for
+    anything else (``bool("false")`` would be True)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in FLAG_TRUE | FLAG_FALSE:
+        return value.strip().lower() in FLAG_TRUE
+    raise error(f"{what} must be true or false, got {str(value)[:40]!r}")
+
+
 def as_float(value, what: str) -> float:
     if isinstance(value, bool):
         raise InputError(f"{what} must be a number, got {value!r}")

@@ -9,7 +9,6 @@ import gradio as gr
 
 from disco import limits
 from disco.app.controls import Control, Controls
-from disco.errors import InputError
 from disco.policies import AUTOREGRESSIVE, policy_kinds
 
 # the lanes' policy menus: every kind the engine knows except the baseline (which has its own toggle), and
@@ -26,18 +25,6 @@ ENGINE_CHOICES = [DEFAULT_ENGINE, "llamacpp", "torch"]
 SLIDER_WHAT = {"k": "static lookahead K", "threshold": "threshold", "kmax": "maximum lookahead"}
 
 
-def as_flag(value, what: str) -> bool:
-    """A checkbox's value: a bool, 0 / 1, or true / false / yes / no / on / off as text; one line for anything else
-    (``bool("false")`` would be True)."""
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in {"true", "1", "yes", "on", "false", "0", "no", "off", ""}:
-        return value.strip().lower() in {"true", "1", "yes", "on"}
-    raise InputError(f"{what} must be true or false, got {str(value)[:40]!r}")
-
-
 def _text(what: str):
     return lambda value: limits.as_text(value, what)
 
@@ -51,7 +38,7 @@ def _float(what: str):
 
 
 def _flag(what: str):
-    return lambda value: as_flag(value, what)
+    return lambda value: limits.as_flag(value, what)
 
 
 def _slider_label(slider: str, title: str) -> str:

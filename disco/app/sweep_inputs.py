@@ -11,20 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from disco.errors import BenchError
-from disco.limits import as_int, as_text
+from disco.limits import as_flag, as_int, as_text
 
 text = as_text  # a text field: None is empty, any other type one line
-TRUE, FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off", ""}
 
 
 def flag(value, what: str) -> bool:
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in TRUE | FALSE:
-        return value.strip().lower() in TRUE
-    raise BenchError(f"{what} must be true or false, got {str(value)[:40]!r}")
+    return as_flag(value, what, BenchError)
 
 
 def choices(value, what: str) -> list[str]:
