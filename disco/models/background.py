@@ -19,22 +19,31 @@ import threading
 import weakref
 from contextlib import contextmanager
 
+from disco.errors import Interrupted
+
 SHUTDOWN = threading.Event()
 JOIN_SECONDS = 30.0  # one layer or node is milliseconds; a model load (not interruptible) a few seconds
 
 _THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
 _ACTIVE = 0                       # forward passes in flight, in any thread
 _IN_PASS: "weakref.WeakKeyDictionary[threading.Thread, int]" = weakref.WeakKeyDictionary()  # passes per thread
+_STOPPED: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads the exit stopped in or before a pass
 _IDLE = threading.Condition()
 UNWIND_SECONDS = 2.0  # how long the exit gives a thread it stopped mid-pass to leave its frames (a pool's never ends)
 
 
 @contextmanager
 def in_pass():
-    """Around a forward pass's native code: the exit waits for it to leave (see the module doc)."""
+    """Around a forward pass's native code: the exit waits for it to leave (see the module doc). Once the exit has
+    begun, no pass starts: checked under the same lock the exit sets ``SHUTDOWN`` under, so a thread that had passed
+    an earlier check cannot slip into native code after the exit stopped waiting (then Python cut it off there:
+    ``std::terminate``, or a crash in the final collection; seen once in CI and 2 in 40 runs here)."""
     global _ACTIVE
     thread = threading.current_thread()
     with _IDLE:
+        if SHUTDOWN.is_set():
+            _STOPPED.add(thread)
+            raise Interrupted("stopped before a forward pass: the process is exiting")
         _ACTIVE += 1
         _IN_PASS[thread] = _IN_PASS.get(thread, 0) + 1
     try:
@@ -47,11 +56,21 @@ def in_pass():
                 _IDLE.notify_all()
 
 
+def exiting() -> bool:
+    """Whether the process is exiting; if so the calling thread counts as stopped by it, and the exit gives it a
+    moment to unwind (see ``_stop``). For checks before a pass; ``in_pass`` checks again under its lock."""
+    if not SHUTDOWN.is_set():
+        return False
+    with _IDLE:
+        _STOPPED.add(threading.current_thread())
+    return True
+
+
 def with_shutdown(interrupt):
     """``interrupt`` (a callable returning true to stop, or None) that also fires once the process is exiting."""
     if interrupt is None:
-        return SHUTDOWN.is_set
-    return lambda: SHUTDOWN.is_set() or interrupt()
+        return exiting
+    return lambda: exiting() or interrupt()
 
 
 def start(target, name: str) -> threading.Thread:
@@ -66,15 +85,22 @@ def start(target, name: str) -> threading.Thread:
 def _stop() -> None:
     # atexit runs after the non-daemon threads have ended and before daemon threads are cut off
     with _IDLE:
-        stopped = [t for t, n in _IN_PASS.items() if n > 0]  # threads the exit interrupts mid-pass
-    SHUTDOWN.set()
+        SHUTDOWN.set()  # under the lock in_pass checks it under: from here on no pass starts
+        _STOPPED.update(t for t, n in _IN_PASS.items() if n > 0)  # threads the exit interrupts mid-pass
+    me = threading.current_thread()
     for thread in list(_THREADS):
-        if thread.is_alive() and thread is not threading.current_thread():
+        if thread.is_alive() and thread is not me:
             thread.join(JOIN_SECONDS)
     with _IDLE:
         _IDLE.wait_for(lambda: _ACTIVE == 0, JOIN_SECONDS)
     # a thread nobody registered has left its pass but may still be unwinding (its exception, a print): give it a moment
     # to finish, so the interpreter does not cut it off inside native frames (a worker pool's thread never finishes)
-    for thread in stopped:
-        if thread.is_alive() and thread is not threading.current_thread():
+    joined: set[int] = set()
+    while True:
+        with _IDLE:
+            waiting = [t for t in _STOPPED if t.ident not in joined and t.is_alive() and t is not me]
+        if not waiting:
+            return
+        for thread in waiting:  # one that stops meanwhile (before its next pass) is joined on the next round
+            joined.add(thread.ident)
             thread.join(UNWIND_SECONDS)

@@ -32,7 +32,7 @@ import torch
 from disco import limits
 from disco.errors import InputError, Interrupted, UserError
 from disco.models import cpu_variant
-from disco.models.background import SHUTDOWN, in_pass
+from disco.models.background import SHUTDOWN, exiting, in_pass
 
 EXACT_ENV = "DISCO_LLAMA_EXACT"
 FAST_PREFILL_ENV = "DISCO_LLAMA_FAST_PREFILL"
@@ -313,7 +313,7 @@ class LlamaSession:
         if self.length + len(tokens) > self.model.n_ctx:
             raise UserError(f"the sequence would exceed llama.cpp's context of {self.model.n_ctx} tokens "
                             f"({N_CTX_ENV} sets it)")
-        if SHUTDOWN.is_set() or (interrupt is not None and interrupt()):
+        if exiting() or (interrupt is not None and interrupt()):
             raise Interrupted("stopped before a forward pass")
         lib, batch, n = self.lib, self._batch, len(tokens)
         first_kept = n - keep  # rows before it need no logits

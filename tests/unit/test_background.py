@@ -68,3 +68,27 @@ def test_exit_while_a_background_thread_is_inside_a_pass(engine, thread, tmp_pat
     # a registered thread is joined, so it finishes; an unregistered one stopped mid-pass is given a moment to finish
     # too (background.UNWIND_SECONDS), so the interpreter never cuts it off inside native frames
     assert lines == ["exiting", "stopped by the exit"], lines
+
+
+def test_no_pass_starts_once_the_exit_has_begun():
+    """The race CI hit: a thread past ``forward``'s first check enters ``in_pass`` after the exit stopped waiting for
+    passes; Python then cut it off inside llama.cpp (``std::terminate``). ``in_pass`` refuses under the exit's lock."""
+    script = textwrap.dedent("""
+        import threading
+        from disco.errors import Interrupted
+        from disco.models import background
+        background._stop()  # the exit's hook, as the interpreter runs it
+        def late():
+            try:
+                with background.in_pass():
+                    print("entered", flush=True)
+            except Interrupted:
+                print("refused", flush=True)
+        thread = threading.Thread(target=late)
+        thread.start(); thread.join()
+        print(thread in set(background._STOPPED), background.exiting(), flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["refused", "True True"]
