@@ -13,7 +13,7 @@ import gradio as gr
 
 from disco import limits
 from disco.errors import UserError, first_line
-from disco.app import about, plots, race_batch, race_tab as ui, zerogpu
+from disco.app import about, machine_plots, plots, race_batch, race_tab as ui, zerogpu
 from disco.app.lanes import LANES_CSS, summary_frame
 from disco.app.loader import ModelLoader
 from disco.app.race_inputs import RACE_CONTROLS
@@ -122,9 +122,9 @@ def build_demo(models: str | None = None) -> gr.Blocks:
         with gr.Tab("This machine"):
             machine_md = gr.Markdown("○ waiting for the models…", elem_id="machine")
             with gr.Row():
-                machine_cost = gr.Plot(plots.empty_figure(plots.MACHINE_COST_TITLE, "waiting for the models…"),
+                machine_cost = gr.Plot(plots.empty_figure(machine_plots.MACHINE_COST_TITLE, "waiting for the models…"),
                                        show_label=False, elem_id="plot-machine-cost")
-                machine_speedup = gr.Plot(plots.empty_figure(plots.MACHINE_SPEEDUP_TITLE, "waiting for the models…"),
+                machine_speedup = gr.Plot(plots.empty_figure(machine_plots.MACHINE_SPEEDUP_TITLE, "waiting for the models…"),
                                           show_label=False, elem_id="plot-machine-speedup")
         with gr.Tab("About"):
             gr.Markdown(about.about_md(), latex_delimiters=[{"left": "$$", "right": "$$", "display": True},

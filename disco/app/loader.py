@@ -277,7 +277,8 @@ class ModelLoader:
             # every engine measured here draws its verification curve (the other one from its cached profile)
             others = [p.to_dict() for e in self.engines() if e != self.engine
                       for p in [profile.latest_for(self.spec, e)] if p is not None]
-            self._figures = cached = (md, plots.machine_cost_figure(data, others), plots.machine_speedup_figure(data))
+            self._figures = cached = (md, machine_plots.machine_cost_figure(data, others),
+                                   machine_plots.machine_speedup_figure(data))
         return cached
 
     def poll(self, shown_status: str | None = None, shown_machine: str | None = None) -> tuple:

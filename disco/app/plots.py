@@ -71,7 +71,7 @@ def tint(color: str, amount: float = 0.55) -> str:
     return _shade(color, amount)
 
 
-def _figure(data: list[dict], layout: dict, title: str, height: int = HEIGHT) -> go.Figure:
+def styled_figure(data: list[dict], layout: dict, title: str, height: int = HEIGHT) -> go.Figure:
     base = dict(
         template=TEMPLATE,
         title=dict(text=title, x=0.01, xanchor="left", font=dict(size=15)),
@@ -90,7 +90,7 @@ def empty_figure(title: str, message: str = "Press Run to start a race") -> go.F
                           font=dict(size=14, color="#9ca3af"))],
         xaxis=dict(visible=False), yaxis=dict(visible=False),
     )
-    return _figure([], layout, title)
+    return styled_figure([], layout, title)
 
 
 def _ordered(frame: pd.DataFrame, strategies: list[str] | None) -> list[str]:
@@ -155,7 +155,7 @@ def race_figure(frame: pd.DataFrame, strategies: list[str] | None = None) -> go.
         ))
     layout = dict(xaxis=dict(title=dict(text="elapsed time charged to the lane (s)"), rangemode="tozero"),
                   yaxis=dict(title=dict(text="new tokens"), rangemode="tozero"))
-    return _figure(data, layout, RACE_TITLE)
+    return styled_figure(data, layout, RACE_TITLE)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def lookahead_figure(frame: pd.DataFrame, strategies: list[str] | None = None) -
         if d["name"] == "confidence stop":
             d["showlegend"] = d["name"] not in seen
             seen.add(d["name"])
-    return _figure(data, layout, LOOKAHEAD_TITLE, height=max(HEIGHT, 190 * len(lanes) + 90))
+    return styled_figure(data, layout, LOOKAHEAD_TITLE, height=max(HEIGHT, 190 * len(lanes) + 90))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def latency_figure(frame: pd.DataFrame, strategies: list[str] | None = None) -> 
     layout = _rows(lanes, "ms")
     layout["barmode"] = "stack"
     layout["showlegend"] = False  # the panel titles name the lanes; light = draft, solid = verify (in the title)
-    return _figure(data, layout, LATENCY_TITLE, height=max(HEIGHT, 170 * len(lanes) + 90))
+    return styled_figure(data, layout, LATENCY_TITLE, height=max(HEIGHT, 170 * len(lanes) + 90))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -293,7 +293,7 @@ def confidence_figure(frame: pd.DataFrame, strategies: list[str] | None = None) 
                 yref=f"y{suffix}", y=tau, yanchor="bottom", showarrow=False, font=dict(size=10, color=line_color),
                 bgcolor="rgba(255,255,255,0.85)", borderpad=1))
     layout["shapes"] = shapes
-    return _figure(data, layout, CONFIDENCE_TITLE, height=max(HEIGHT, 190 * len(lanes) + 90))
+    return styled_figure(data, layout, CONFIDENCE_TITLE, height=max(HEIGHT, 190 * len(lanes) + 90))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -331,74 +331,10 @@ def positions_figure(frame: pd.DataFrame, strategies: list[str] | None = None) -
                   yaxis=dict(title=dict(text="P(i accepted | 1..i−1 accepted)"), range=[-0.04, 1.06], tickformat=".0%"),
                   legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0.0, font=dict(size=11)),
                   margin=dict(l=60, r=20, t=78, b=90))
-    return _figure(data, layout, POSITIONS_TITLE, height=HEIGHT + 40)
+    return styled_figure(data, layout, POSITIONS_TITLE, height=HEIGHT + 40)
 
 
 def all_figures(frame: pd.DataFrame, strategies: list[str] | None = None) -> tuple[go.Figure, ...]:
     """The app's five live figures, in display order."""
     return (race_figure(frame, strategies), lookahead_figure(frame, strategies),
             latency_figure(frame, strategies), confidence_figure(frame, strategies), positions_figure(frame, strategies))
-
-
-# ------------------------------------------------------------------------------------------------
-# "This machine": the cost profile (input: ``disco.costs.profile.Profile.to_dict()``, plain data)
-
-PRECISION_COLORS = {"model": "#0072b2", "int8": "#009e73", "q4_0": "#cc79a7"}
-ENGINE_COLORS = {"torch": "#d55e00", "llamacpp": "#117733"}
-# two lines each, so neither title is cut at the page width; the legends sit below the plots, off the titles
-MACHINE_COST_TITLE = "What a pass costs here<br><sup>target pass vs tokens verified (per engine), assistant step per precision</sup>"
-MACHINE_LEGEND = dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0.0, font=dict(size=11))
-MACHINE_SPEEDUP_TITLE = "Speed-up per static K here<br><sup>Leviathan's prediction with the measured verification cost, and exact replay</sup>"
-
-
-def _engine(profile: dict) -> str:
-    return profile.get("key", {}).get("engine", "torch")
-
-
-def machine_cost_figure(profile: dict | None, others: list[dict] = ()) -> go.Figure:
-    """The target's pass cost against tokens verified for this run's engine and every other engine measured here
-    (``others``), and the assistant steps of this one."""
-    if not profile:
-        return empty_figure(MACHINE_COST_TITLE, "measuring this machine's profile…")
-    data = []
-    for prof in [profile, *others]:
-        target = sorted((int(n), ms) for n, ms in prof["target_ms"].items())
-        engine = _engine(prof)
-        data.append(dict(type="scatter", mode="lines+markers", x=[n for n, _ in target], y=[ms for _, ms in target],
-                         name=f"target pass, {'llama.cpp' if engine == 'llamacpp' else 'torch'} ({prof['dtype']})",
-                         line=dict(color=ENGINE_COLORS.get(engine, "#d55e00"), width=2.5 if prof is profile else 1.5),
-                         hovertemplate="%{x} tokens: %{y:.0f} ms<extra>" + engine + "</extra>"))
-    xmax = max(int(n) for n in profile["target_ms"])
-    for p, costs in profile["assistant_ms"].items():
-        ms = costs.get("1", costs.get(1))
-        data.append(dict(type="scatter", mode="lines", x=[1, xmax], y=[ms, ms], name=f"assistant step ({p})",
-                         line=dict(color=PRECISION_COLORS.get(p, "#666"), dash="dash", width=2),
-                         hovertemplate=f"{ms:.0f} ms a step (c = {profile['cost_ratio'][p]:.2f})<extra>{p}</extra>"))
-    layout = dict(xaxis=dict(title="tokens fed to the target (1 + drafts)"),
-                  yaxis=dict(title="ms per forward pass", rangemode="tozero"), legend=MACHINE_LEGEND,
-                  margin=dict(l=60, r=20, t=70, b=110))
-    return _figure(data, layout, MACHINE_COST_TITLE)
-
-
-def machine_speedup_figure(profile: dict | None) -> go.Figure:
-    if not profile:
-        return empty_figure(MACHINE_SPEEDUP_TITLE, "measuring this machine's profile…")
-    data = []
-    for p, rows in profile.get("leviathan", {}).items():
-        color = PRECISION_COLORS.get(p, "#666")
-        data.append(dict(type="scatter", mode="lines", x=[r["k"] for r in rows],
-                         y=[r["speedup_measured_verify"] for r in rows], name=f"Leviathan, {p} assistant",
-                         line=dict(color=color, width=2),
-                         hovertemplate="K=%{x}: %{y:.2f}×<extra>" + p + "</extra>"))
-        replay = profile.get("replay", {}).get(p, {})
-        ks = sorted((int(s.split(":")[1]), v) for s, v in replay.items() if s.startswith("static:"))
-        if ks:
-            data.append(dict(type="scatter", mode="markers", x=[k for k, _ in ks], y=[v for _, v in ks],
-                             name=f"replay static K, {p}", marker=dict(color=color, size=8, symbol="diamond"),
-                             hovertemplate="static:%{x}: %{y:.2f}× (replay)<extra>" + p + "</extra>"))
-    data.append(dict(type="scatter", mode="lines", x=[1, 32], y=[1, 1], name="autoregressive",
-                     line=dict(color="#94a3b8", dash="dot"), hoverinfo="skip"))
-    layout = dict(xaxis=dict(title="static lookahead K"), yaxis=dict(title="speed-up over autoregressive",
-                                                                    rangemode="tozero"),
-                  legend=MACHINE_LEGEND, margin=dict(l=60, r=20, t=70, b=110))
-    return _figure(data, layout, MACHINE_SPEEDUP_TITLE)

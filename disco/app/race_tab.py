@@ -2,8 +2,9 @@
 
 ``compare`` is the Run button and the ``/compare`` API endpoint: a generator that races the lanes and yields the
 page's outputs (status line, lanes, four figures, summary table, two CSV files) at most ``UPDATE_INTERVAL_S``
-apart, plus one final update. The controls become ``Policy`` objects once, here (``lane_policies``); everything
-shown comes from the trace (``Snapshot``); nothing here touches the models beyond asking the loader for the pair.
+apart, plus one final update. The controls become ``Policy`` objects once (``race_plan.plan``); everything
+shown comes from the trace (``Snapshot``); nothing here touches the models beyond asking the loader for the pair. The controls' checks and the lanes'
+policies are ``disco.app.race_plan``'s.
 """
 
 from __future__ import annotations
@@ -21,20 +22,19 @@ from disco.app import plots, quiet
 from disco.app.lanes import lanes_html, summary_frame
 from disco.app.session import COMPUTE_LOCK, write_csvs
 from disco.policies.export import take_away, take_away_md
-from disco.costs.profile import auto_policy
 from disco.decode import divergence
-from disco.decode.race import build_policies, race
-from disco.decode.settings import DecodeSettings
-from disco.errors import InputError, Interrupted, UserError, first_line
-from disco.policies import (
-    AUTOREGRESSIVE, Autoregressive, Policy, StrategyError, canonical_spec, parse_strategy, policy_class, policy_kinds,
-)
+from disco.decode.race import race
+from disco.errors import Interrupted, UserError, first_line
+from disco.policies import AUTOREGRESSIVE, Autoregressive, Policy, parse_strategy
 
 log = logging.getLogger("disco.app")
 
 UPDATE_INTERVAL_S = 0.25  # lanes, numbers and status: ~4 updates a second
 PLOT_INTERVAL_S = 1.0     # gr.Plot redraws whole figures (Plotly.react on 4 charts): more often stalls the browser
 
+from disco.app.race_plan import (  # noqa: F401  (the tab's names: lane_policy, lane_policies, ... for tests)
+    Plan, decode_settings, engine_name, lane_policies, lane_policy, pair_for, plan, request_of,
+)
 from disco.app.race_inputs import (  # noqa: F401  (the tab's names, declared with its controls)
     ASSISTANT_CHOICES, AUTO, DEFAULT_ASSISTANT, DEFAULT_ENGINE, DEFAULTS, ENGINE_CHOICES, LANE_KINDS, RACE_CONTROLS,
     SLIDER_WHAT, RaceRequest,
@@ -57,91 +57,13 @@ OUTPUT_LABELS = ("status", "lanes", "race", "lookahead", "latency", "confidence"
                  "iterations_csv", "tokens_csv", "positions_csv")
 
 
-# ------------------------------------------------------------------------------------------------
-# controls -> policies and settings
+def empty_lanes_html(message: str = "press Run to start") -> str:
+    lanes = [Autoregressive(), lane_policy(DEFAULTS.lane_a), lane_policy(DEFAULTS.lane_b)]
+    return lanes_html(lanes, None, None, message=message)
 
 
 def _fmt(x: float) -> str:
     return f"{round(float(x), 4):g}"
-
-
-def lane_policy(kind: str, k=DEFAULTS.k, threshold=DEFAULTS.threshold, max_lookahead=DEFAULTS.max_lookahead,
-                assistant: str = DEFAULT_ASSISTANT, profile=None) -> Policy:
-    """A lane's policy from its policy menu, its assistant menu and the shared sliders.
-
-    The menu holds kinds (``static``); a full spec typed into it (``threshold:0.3:8``) is used verbatim.
-    A kind's parameters are filled from its metadata: each ``Param`` names the shared slider that fills it (K from
-    the static slider, TAU from the threshold slider, KMAX from the maximum-lookahead slider), so kinds added to the
-    engine later work unchanged. ``auto`` is this machine's recommended setting (``profile``, the cost profile; it
-    names its assistant). An explicit ``assistant`` (model / int8) becomes ``@model`` / ``@int8`` unless the spec
-    names one.
-    """
-    kind = limits.as_text(kind, "a lane's policy").strip()
-    if not kind:
-        raise InputError("a lane has no policy selected")
-    assistant = (limits.as_text(assistant, "a lane's assistant") or DEFAULT_ASSISTANT).strip().lower()
-    if assistant not in ASSISTANT_CHOICES:
-        raise InputError(f"unknown assistant {assistant!r}: choose one of {', '.join(ASSISTANT_CHOICES)}")
-    chosen = None if assistant == DEFAULT_ASSISTANT else assistant
-    if kind == AUTO:
-        if profile is None or "auto" not in (getattr(profile, "recommended", None) or {}):
-            raise InputError("the 'auto' lane needs this machine's profile, which is still being measured "
-                             "(see the This machine tab); pick another policy meanwhile")
-        return auto_policy(profile, chosen)  # the lane's menu overrides the recommended assistant
-    policy = parse_strategy(kind) if ":" in kind else _from_sliders(kind, k, threshold, max_lookahead)
-    return policy if policy.assistant_precision is not None else policy.drafting_with(chosen)
-
-
-def _from_sliders(kind: str, k, threshold, max_lookahead) -> Policy:
-    """A kind's policy with each parameter taken from the shared slider its metadata names (``Param.slider``)."""
-    if kind not in LANE_KINDS and kind != AUTOREGRESSIVE:
-        raise StrategyError(f"unknown policy {kind!r}: choose one of {', '.join(LANE_KINDS)} or type a full spec")
-    cls = policy_class(kind)
-    if cls.composite:  # the sliders fill its assistant part (``Hybrid.from_parts``)
-        return cls.from_parts(lambda part: _from_sliders(part, k, threshold, max_lookahead))
-    sliders = {"k": k, "threshold": threshold, "kmax": max_lookahead}
-    values = {}
-    for p in cls.params:
-        raw = sliders.get(p.slider)
-        if raw is None:
-            continue  # no slider for it: the kind's default
-        what = SLIDER_WHAT[p.slider]
-        values[p.name] = limits.as_int(raw, what) if p.type is int else limits.as_float(raw, what)
-    return parse_strategy(canonical_spec(kind, **values))  # through the grammar: the parameters' own range checks
-
-
-def lane_policies(lane_a: str, lane_b: str, k, threshold, max_lookahead, baseline: bool,
-                  assistants=(DEFAULT_ASSISTANT, DEFAULT_ASSISTANT), profile=None) -> tuple[list[Policy], list[str]]:
-    """The race's lanes as policies (baseline first) and notes for the user (e.g. a duplicate lane dropped)."""
-    lanes = [lane_policy(lane, k, threshold, max_lookahead, a, profile) for lane, a in zip((lane_a, lane_b), assistants)]
-    notes = [f"auto = {lanes[(lane_a, lane_b).index(AUTO)].spec} (this machine's recommended setting)"] \
-        if AUTO in (lane_a, lane_b) else []
-    if lanes[0].spec == lanes[1].spec:
-        notes.append(f"both lanes are {lanes[0].spec}; running it once")
-        lanes = lanes[:1]
-    if any(p.spec == AUTOREGRESSIVE for p in lanes):
-        lanes = [p for p in lanes if p.spec != AUTOREGRESSIVE]
-        baseline = True
-    policies = ([Autoregressive()] if baseline else []) + lanes
-    if not baseline:
-        notes.append("no baseline lane: speed-ups are not available")
-    return policies, notes
-
-
-def decode_settings(max_new_tokens=DEFAULTS.max_new_tokens, sample=DEFAULTS.sample, temperature=DEFAULTS.temperature,
-                    top_p=DEFAULTS.top_p, seed=DEFAULTS.seed) -> DecodeSettings:
-    seed = limits.check_seed(seed)
-    settings = DecodeSettings(
-        max_new_tokens=limits.as_int(max_new_tokens, "max new tokens"), sample=bool(sample),
-        temperature=limits.as_float(temperature, "temperature"), top_p=limits.as_float(top_p, "top-p"), seed=seed,
-    )
-    settings.validate()
-    return settings
-
-
-def empty_lanes_html(message: str = "press Run to start") -> str:
-    lanes = [Autoregressive(), lane_policy(DEFAULTS.lane_a), lane_policy(DEFAULTS.lane_b)]
-    return lanes_html(lanes, None, None, message=message)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -248,28 +170,13 @@ def compare(get_pair, request=None, *, interval: float = UPDATE_INTERVAL_S, plot
     """
     start = time.perf_counter()
     try:
-        req = _request(request, values)
-        engine = engine_name(req.engine)
-        if engine not in ENGINE_CHOICES:
-            raise InputError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINE_CHOICES)}")
-        prof = None
-        lane_a, lane_b = req.lane_a, req.lane_b
-        if AUTO in (lane_a.strip(), lane_b.strip()):
-            prof = get_profile() if get_profile is not None else None
-        # the controls become policies here, once: a typo fails before anything runs
-        lanes, notes = lane_policies(lane_a, lane_b, req.k, req.threshold, req.max_lookahead, req.baseline,
-                                     (req.lane_a_assistant, req.lane_b_assistant), prof)
-        budgets = limits.Budgets.from_env()
-        prompt = limits.check_prompt(req.prompt)
-        limits.check_lookahead(build_policies(lanes), budgets.max_lookahead)  # typed specs get the sliders' ranges
-        settings = decode_settings(req.max_new_tokens, req.sample, req.temperature, req.top_p, req.seed)
-        limits.check_new_tokens(settings.max_new_tokens, budgets)
+        req = request_of(request, values)
+        run = plan(req, get_profile)
     except UserError as exc:
         raise gr.Error(str(exc), print_exception=False) from None
+    lanes, notes, budgets, prof = run.lanes, run.notes, run.budgets, run.profile
     for note in notes:
         gr.Warning(note)
-    chat = req.chat
-
     waiting = "warming up" + (" and computing the oracle's reference" if any(p.probes_verification for p in lanes) else "")
     yield _blank(f"○ **Starting** · {', '.join(f'`{p.spec}`' for p in lanes)} · {waiting}…", lanes,
                  waiting + "…", "waiting for the first iteration…")
@@ -278,16 +185,11 @@ def compare(get_pair, request=None, *, interval: float = UPDATE_INTERVAL_S, plot
     deadline = limits.Deadline(budgets.run_s)
     should_stop = deadline.stop_check(should_stop)
     try:
-        if callable(get_pair):
-            pair = get_pair(engine=engine) if engine not in ("", None, DEFAULT_ENGINE) else get_pair()
-        elif engine not in ("", None, DEFAULT_ENGINE) and engine != getattr(get_pair, "engine", engine):
-            raise InputError(f"this app runs its models on {get_pair.engine}; the {engine} engine is not loaded")
-        else:
-            pair = get_pair
+        pair = pair_for(get_pair, run.engine)
         decode = getattr(pair, "decode", None)
         with COMPUTE_LOCK:  # waits at most one chunk of the background profile
             costs_for = profile_costs(get_profile) if any(p.needs_costs or p.reads_costs for p in lanes) else None
-            yield from _race_updates(pair, prompt, lanes, settings, chat, should_stop, start, notes, decode,
+            yield from _race_updates(pair, run.prompt, lanes, run.settings, req.chat, should_stop, start, notes, decode,
                                      interval, plot_interval, holder, costs_for)
     except Interrupted:  # Stop while the oracle's reference was being computed: no iteration has run
         pass
@@ -317,30 +219,20 @@ def compare(get_pair, request=None, *, interval: float = UPDATE_INTERVAL_S, plot
                           getattr(pair, "assistant_precision", None)) if not stopped else None
     out = render(snapshot, final=True, wall=time.perf_counter() - start, notes=notes, decode=decode, files=files,
                  stopped=stopped, quiet=checked)
-    auto = [lane_policy(AUTO, assistant=a, profile=prof) for lane, a in ((lane_a, req.lane_a_assistant),
-                                                                          (lane_b, req.lane_b_assistant))
+    yield _with_take_away(out, req, prof)
+
+
+def _with_take_away(out: tuple, req: RaceRequest, prof) -> tuple:
+    """The final outputs, with the ``auto`` lane's recommended setting for the engine the user deploys on."""
+    auto = [lane_policy(AUTO, assistant=a, profile=prof) for lane, a in ((req.lane_a, req.lane_a_assistant),
+                                                                          (req.lane_b, req.lane_b_assistant))
             if str(lane).strip() == AUTO]
-    if auto:  # the recommended setting, ready for the engine the user deploys on
-        table = prof.batch_table(auto[0].assistant_precision) if auto[0].assistant_precision else None
-        block = take_away_md(take_away(auto[0], table or None))
-        out = (f"{out[0]}\n\n<details><summary>auto's setting for transformers, llama.cpp and vLLM</summary>\n\n"
-               f"{block}\n\n</details>", *out[1:])
-    yield out
-
-
-def _request(request, values: dict) -> RaceRequest:
-    """The run's typed request: given, or parsed from the controls' raw values (one line for a bad one)."""
-    if isinstance(request, RaceRequest):
-        if values:
-            raise InputError(f"give the request or its values, not both ({', '.join(values)})")
-        return request
-    raw = dict(request) if isinstance(request, dict) else {"prompt": request, **values}
-    return RACE_CONTROLS.parse(raw)
-
-
-def engine_name(engine) -> str:
-    """The engine a run asked for, as the menu spells it (the default when none)."""
-    return (str(engine).strip().lower() if engine is not None else DEFAULT_ENGINE) or DEFAULT_ENGINE
+    if not auto:
+        return out
+    table = prof.batch_table(auto[0].assistant_precision) if auto[0].assistant_precision else None
+    block = take_away_md(take_away(auto[0], table or None))
+    return (f"{out[0]}\n\n<details><summary>auto's setting for transformers, llama.cpp and vLLM</summary>\n\n"
+            f"{block}\n\n</details>", *out[1:])
 
 
 def profile_costs(get_profile: Callable[[], object] | None):

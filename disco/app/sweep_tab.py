@@ -298,26 +298,29 @@ def build_sweep_tab(get_pair, gate=None) -> None:
 
     show_detail = zerogpu.gpu(show_detail, limits.Budgets.from_env().run_s)  # it may decode a chain
 
-    def heatmap_of(kind, st):
-        if not st or st.get("summary") is None:
-            return gr.skip()
-        return heatmap_figure(kind_slice(st["summary"], kind or ALL),
-                              title=None if kind in (None, ALL) else f"Speed-up over τ × KMAX: {kind} prompts")
-
-    def on_suite(menu, upload):
-        try:
-            chosen = sweep_suites.load(menu, upload)
-        except (UserError, ValueError) as exc:
-            return gr.skip(), f"⚠ {first_line(exc)}"
-        shown = f" (the first {sweep_suites.CHOICES_SHOWN} listed; a sample reaches all)" \
-            if len(chosen.prompts) > sweep_suites.CHOICES_SHOWN else ""
-        return (gr.update(choices=sweep_suites.choices(chosen), value=sweep_suites.default_ticks(chosen)),
-                f"{chosen.name}: {len(chosen.prompts)} prompts in {len(chosen.kinds)} kind(s){shown}"
-                + (f"; {len(chosen.dropped)} unusable rows left out" if chosen.dropped else "") + ".")
-
-    _wire(w, stops, run_sweep, show_detail, redraw, heatmap_of, on_suite, gate)
+    _wire(w, stops, run_sweep, show_detail, redraw, _heatmap_of, _on_suite, gate)
     sweep_batch.build(w.state, get_pair, gate)
 
+
+
+def _heatmap_of(kind, st):
+    """The heatmap of the last sweep, for one kind of prompt (or all)."""
+    if not st or st.get("summary") is None:
+        return gr.skip()
+    return heatmap_figure(kind_slice(st["summary"], kind or ALL),
+                          title=None if kind in (None, ALL) else f"Speed-up over τ × KMAX: {kind} prompts")
+
+def _on_suite(menu, upload):
+    """A suite picked or uploaded: its prompts as the choices, and one line on what it holds."""
+    try:
+        chosen = sweep_suites.load(menu, upload)
+    except (UserError, ValueError) as exc:
+        return gr.skip(), f"⚠ {first_line(exc)}"
+    shown = f" (the first {sweep_suites.CHOICES_SHOWN} listed; a sample reaches all)" \
+        if len(chosen.prompts) > sweep_suites.CHOICES_SHOWN else ""
+    return (gr.update(choices=sweep_suites.choices(chosen), value=sweep_suites.default_ticks(chosen)),
+            f"{chosen.name}: {len(chosen.prompts)} prompts in {len(chosen.kinds)} kind(s){shown}"
+            + (f"; {len(chosen.dropped)} unusable rows left out" if chosen.dropped else "") + ".")
 
 def _wire(w: _Widgets, stops, run_sweep, show_detail, redraw, heatmap_of, on_suite, gate=None) -> None:
     """The tab's events: Run and Stop, the detail view after a run, re-costing on a new profile, the kind's heatmap,

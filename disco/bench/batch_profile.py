@@ -2,9 +2,9 @@
 
 For each llama.cpp multi-sequence layout (``disco.models.llama_batch``: one KV stream per sequence, or one unified
 buffer), batch size B and context C: B sequences are prefilled with C distinct tokens each (timed as one batched
-prefill where it fits one ``llama_decode``: the ``prefill`` rows, context 0), then a pass of k tokens per sequence
-(k in ``KS``) is timed ``reps`` times (median kept) on the target and on the assistant, the caches cropped back to C
-after each. The rows are the cost CSV's (role, precision, kind, tokens = per row, ms) plus batch, context and layout,
+prefill where it fits one ``llama_decode``, ``reps`` times on a fresh context each, as a live run's first pass is: the
+``prefill`` rows, context 0), then a pass of k tokens per sequence (k in ``KS``) is timed ``reps`` times (median kept)
+on the target and on the assistant, the caches cropped back to C after each. The rows are the cost CSV's (role, precision, kind, tokens = per row, ms) plus batch, context and layout,
 so ``--cost-profile FILE.csv`` reads them as a batched grid (``disco.costs.batched.grid_from_rows``) and a batch-1
 reader keeps its batch-1 rows. Each layout is also checked for batch invariance: whether a batched pass's rows are
 bit-identical to each sequence fed alone (``rows_match_batch_one``)."""
@@ -33,19 +33,34 @@ def _tokens(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
     return [int(x) for x in rng.integers(100, min(vocab, 30000), size=n)]
 
 
+def _prefilled(model, layout: str, batch: int, context: int, n_ctx_seq: int, reps: int, rng):
+    """A context whose B sequences hold ``context`` distinct tokens each, and the prefill's ms where it fits one
+    ``llama_decode`` (else None): timed ``reps`` times, each on a fresh context as a live run's first pass is (the
+    first decode of a context allocates its buffers), median kept; the last context is returned for the steps."""
+    prompts = {s: _tokens(rng, context, model.n_vocab) for s in range(batch)}
+    if batch * context > 2048:
+        ctx = LlamaBatch(model, batch, layout, n_ctx_seq=n_ctx_seq)
+        for s in range(batch):
+            ctx.forward({s: prompts[s]})
+        return ctx, None
+    times, ctx = [], None
+    for _ in range(max(1, reps)):
+        if ctx is not None:
+            ctx.close()
+        ctx = LlamaBatch(model, batch, layout, n_ctx_seq=n_ctx_seq)
+        _, ms = ctx.forward(prompts)
+        times.append(ms)
+    return ctx, statistics.median(times)
+
+
 def _measure_model(model, role: str, precision: str, layout: str, batch: int, context: int, ks, reps: int,
                    rng) -> list[dict]:
     rows = []
-    ctx = LlamaBatch(model, batch, layout, n_ctx_seq=context + max(ks) + 8)
+    ctx, prefill_ms = _prefilled(model, layout, batch, context, context + max(ks) + 8, reps, rng)
     try:
-        prompts = {s: _tokens(rng, context, model.n_vocab) for s in range(batch)}
-        if batch * context <= 2048:
-            _, ms = ctx.forward(prompts)
-            rows.append(dict(role=role, precision=precision, kind="prefill", tokens=context, ms=ms, batch=batch,
-                             context=0, layout=layout))
-        else:
-            for s in range(batch):
-                ctx.forward({s: prompts[s]})
+        if prefill_ms is not None:
+            rows.append(dict(role=role, precision=precision, kind="prefill", tokens=context, ms=prefill_ms,
+                             batch=batch, context=0, layout=layout))
         for k in ks:
             times = []
             for _ in range(reps):

@@ -32,7 +32,7 @@ from disco.models.cache_files import (  # noqa: F401 - dir_size, LOCK_NAME: part
     LOCK_NAME, TMP_PREFIX, dir_size, locked as _locked, swap_into_place,
 )
 from disco.models.wheels import (  # noqa: F401 - the installer's API, in one place
-    EmbeddedError, ModelSpec, _corrupt, _scan_parts, _spec, damaged_parts, join_parts, locate_parts,
+    EmbeddedError, ModelSpec, _corrupt, _scan_parts, _spec, damaged_parts, join_parts, locate_all, locate_parts,
 )
 
 MARKER_NAME = "disco-ready.json"
@@ -278,7 +278,7 @@ def prepare_gguf(cache_dir: str | os.PathLike[str] | None = None, progress: bool
         with _locked(cache, log):
             _sweep_stale(cache, log, table)
             todo = [role for role in table if not gguf_ready(role, cache, table)]
-            parts = _locate_all(todo, table)  # fail before any slow work if a package is missing
+            parts = locate_all(todo, table)  # fail before any slow work if a package is missing
             for role in todo:
                 _join_role(table[role], parts[role], cache, progress, log)
     except OSError as exc:
@@ -341,7 +341,7 @@ def prepare(
             for role in table:
                 if role not in todo:
                     log(f"[disco] {role}: ready at {folders[role]}")
-            parts = _locate_all(todo, table)  # fail before any slow work if a package is missing
+            parts = locate_all(todo, table)  # fail before any slow work if a package is missing
             for role in todo:
                 _prepare_role(table[role], parts[role], cache, progress, log)
     except OSError as exc:
@@ -362,19 +362,6 @@ def _cache_error(cache: Path, exc: OSError) -> EmbeddedError:
     return EmbeddedError(f"cannot prepare the model cache {cache}: {exc.strerror or exc} at {where} (set DISCO_CACHE "
                          "to use another folder)")
 
-
-def _locate_all(roles: Sequence[str], table: Mapping[str, ModelSpec]) -> dict[str, list[Path]]:
-    """Locate the parts of every role, raising one error that lists all problems."""
-    found: dict[str, list[Path]] = {}
-    errors: list[str] = []
-    for role in roles:
-        try:
-            found[role] = locate_parts(role, table)
-        except EmbeddedError as exc:
-            errors.append(str(exc))
-    if errors:
-        raise EmbeddedError("\n\n".join(errors))
-    return found
 
 
 # --------------------------------------------------------------------------- status

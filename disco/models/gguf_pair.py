@@ -10,7 +10,9 @@ The target is never re-quantized: it defines the output.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -19,6 +21,7 @@ from pathlib import Path
 import torch
 
 from disco import cache
+from disco.errors import UserError
 from disco.models import llama, precision as prec
 from disco.models.pair import ModelLoadError, Tokenized
 
@@ -145,8 +148,27 @@ def requantized(source: Path, ftype: str) -> Path:
     dest = cache.gguf_dir() / f"{Path(source).stem}-{ftype}-{file_key(source)}.gguf"
     if not dest.is_file():
         dest.parent.mkdir(parents=True, exist_ok=True)
-        llama.quantize(source, dest, ftype)
+        _quantize(source, dest, ftype)
     return dest
+
+
+def _quantize(source, dest, ftype: str = "q4_0") -> None:
+    """Re-quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``), atomically."""
+    lib = llama.library()
+    types = {"q4_0": lib.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": lib.LLAMA_FTYPE_MOSTLY_Q8_0}
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = types[ftype]
+    params.nthread = llama.threads()
+    params.allow_requantize = True  # the shipped assistant is Q5_0 / Q8_0: requantizing is the point
+    tmp = f"{dest}.partial"
+    rc = lib.llama_model_quantize(str(source).encode(), tmp.encode(), ctypes.byref(params))
+    if rc != 0:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise UserError(f"llama.cpp could not quantize {source} to {ftype} (code {rc})")
+    os.replace(tmp, dest)
 
 
 def load(name: str, target_path: Path, assistant_path: Path, target_id: str | None = None,

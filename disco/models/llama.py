@@ -385,22 +385,3 @@ def _release(model: LlamaModel, ctx, lib, batch) -> None:
     lib.llama_set_abort_callback(ctx, lib.ggml_abort_callback(), None)
     lib.llama_batch_free(batch)
     model.release(ctx)
-
-
-def quantize(source, dest, ftype: str = "q4_0") -> None:
-    """Re-quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``), atomically."""
-    lib = library()
-    types = {"q4_0": lib.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": lib.LLAMA_FTYPE_MOSTLY_Q8_0}
-    params = lib.llama_model_quantize_default_params()
-    params.ftype = types[ftype]
-    params.nthread = threads()
-    params.allow_requantize = True  # the shipped assistant is Q5_0 / Q8_0: requantizing is the point
-    tmp = f"{dest}.partial"
-    rc = lib.llama_model_quantize(str(source).encode(), tmp.encode(), ctypes.byref(params))
-    if rc != 0:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise UserError(f"llama.cpp could not quantize {source} to {ftype} (code {rc})")
-    os.replace(tmp, dest)

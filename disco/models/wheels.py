@@ -148,6 +148,19 @@ def locate_parts(role: str, table: Mapping[str, ModelSpec] | None = None) -> lis
     return paths
 
 
+def locate_all(roles: Sequence[str], table: Mapping[str, ModelSpec]) -> dict[str, list[Path]]:
+    """Locate the parts of every role, raising one error that lists all problems."""
+    found: dict[str, list[Path]] = {}
+    errors: list[str] = []
+    for role in roles:
+        try:
+            found[role] = locate_parts(role, table)
+        except EmbeddedError as exc:
+            errors.append(str(exc))
+    if errors:
+        raise EmbeddedError("\n\n".join(errors))
+    return found
+
 def _record_entry(spec: ModelSpec, index: int):
     """The wheel's RECORD entry (size, sha256) for part ``index``, or None if the install has no record of it."""
     try:

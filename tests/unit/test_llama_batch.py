@@ -95,6 +95,34 @@ def test_profile_batch_rows_read_back_as_a_grid(gguf_tiny):
     assert grid.target_ms([2, 2], [16, 16]) > 0 and grid.assistant_ms([1], [8]) > 0
 
 
+def test_profile_batch_times_each_prefill_on_fresh_contexts(gguf_tiny, monkeypatch):
+    """A live run's first pass prefills a fresh context (its first decode allocates the buffers): the profile times
+    the prefill the same way, ``reps`` times, and keeps the median (one cold sample put a B = 4 assistant prefill
+    at 1.5x its median and the live check's prediction 20 % off)."""
+    made, timed = [], []
+    real = batch_profile.LlamaBatch
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+        def forward(self, rows, keep=None):
+            logits, ms = super().forward(rows, keep)
+            if all(self.lengths[s] == len(t) for s, t in rows.items()):  # a prefill: the whole cache is this pass
+                timed.append(ms)
+            return logits, ms
+
+    monkeypatch.setattr(batch_profile, "LlamaBatch", Counting)
+    rows, _ = batch_profile.measure(gguf_tiny, [2], contexts=(8,), ks=(1,), layouts=("streams",), reps=3,
+                                    progress=False)
+    assert len(made) == 2 * 3  # target and assistant, a fresh context per timing
+    prefills = [r for r in rows if r["kind"] == "prefill"]
+    assert len(prefills) == 2 and len(timed) == 6
+    target = sorted(timed[:3])
+    assert prefills[0]["role"] == "target" and prefills[0]["ms"] == target[1]
+
+
 def test_profile_batch_refuses_the_torch_engine(tiny_pair):
     from disco.errors import BenchError
 
