@@ -1,6 +1,6 @@
-"""The benchmark area's subcommands: ``python -m disco bench`` and ``profile`` here, ``train`` and ``sampling`` in
-their studies' modules (``disco.bench.train``, ``disco.bench.sampling``). Each declares its own arguments with the
-shared pieces of ``disco.options``; the root parser (``disco.cli``) adds them."""
+"""The benchmark area's subcommands, parsed here: ``python -m disco bench``, ``profile``, ``train`` and ``sampling``
+(run by their studies' modules: ``disco.bench.run``, ``disco.bench.train``, ``disco.bench.sampling``). Each declares its
+arguments with the shared pieces of ``disco.options``; the root parser (``disco.cli``) adds them."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def add_commands(sub) -> None:
 
     add_bench(sub)
     add_profile(sub)
-    train.add_command(sub)
-    sampling.add_command(sub)
+    add_train(sub, train)
+    add_sampling(sub, sampling)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,3 +343,51 @@ def cmd_profile(args) -> int:
     elif variants:
         print("\n" + kernel_price.variants_markdown(variants, llama.kernels()))
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# train and sampling (the studies' own modules run them)
+
+
+def add_train(sub, train) -> None:
+    p = sub.add_parser("train", help="train the DISCO classifier (disco:KMAX lanes) from replay tables")
+    options.add_models(p)
+    options.add_numerics(p)
+    suites.add_arguments(p)
+    prompt_fit.add_arguments(p)
+    cluster.add_arguments(p)
+    p.add_argument("--max-new-tokens", type=options.integer, default=48, help="tokens per prompt (default 48)")
+    p.add_argument("--kmax", type=options.integer, default=20, help="deepest draft step sampled and the KMAX tuned for")
+    p.add_argument("--cost-profile", default="measured", metavar="PROFILE",
+                   help="costs the stop threshold is tuned under: measured (default), flat:C, or a profile CSV")
+    p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default: the one cache)")
+    p.add_argument("--out", type=Path, default=train.DEFAULT_WEIGHTS,
+                   help=f"weights file (default {train.DEFAULT_WEIGHTS.name} in assets/)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=train.cmd_train)
+
+
+def add_sampling(sub, sampling) -> None:
+    p = sub.add_parser("sampling", help="the seed's question under sampling: live sampled runs of the settings greedy "
+                                        "replay ranks best, several temperatures and seeds",
+                       description=sampling.__doc__.split("\n\n")[0])
+    options.add_models(p)
+    options.add_numerics(p)
+    suites.add_arguments(p)
+    prompt_fit.add_arguments(p)
+    cluster.add_arguments(p)
+    p.add_argument("--max-new-tokens", type=options.positive, default=48, help="tokens per run (default 48)")
+    p.add_argument("--temperatures", type=options.number_list(float), default=list(sampling.TEMPERATURES),
+                   help="comma-separated (default 0.7,1)")
+    p.add_argument("--top-p", type=options.number, default=1.0, help="nucleus sampling (default 1: off)")
+    p.add_argument("--seeds", type=options.positive, default=sampling.SEEDS,
+                   help=f"seeds per temperature (default {sampling.SEEDS})")
+    p.add_argument("--strategies", default=None,
+                   help="comma-separated specs to run (default: the best static K and best threshold of greedy replay "
+                        "on the train prompts, and threshold:0.4:20)")
+    p.add_argument("--cost-profile", action="append", default=[], metavar="flat:C",
+                   help="also cost every run under this profile (repeatable; default flat:0.05)")
+    p.add_argument("--out", type=Path, default=Path("bench-out/sampling"), help="output folder")
+    p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default: the one cache)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=sampling.cmd_sampling)

@@ -169,37 +169,6 @@ def summary_md(table: pd.DataFrame, meta: dict) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------
-# the command: python -m disco sampling
-
-
-def add_command(sub) -> None:
-    from pathlib import Path
-
-    p = sub.add_parser("sampling", help="the seed's question under sampling: live sampled runs of the settings greedy "
-                                        "replay ranks best, several temperatures and seeds",
-                       description=__doc__.split("\n\n")[0])
-    options.add_models(p)
-    options.add_numerics(p)
-    suites.add_arguments(p)
-    prompt_fit.add_arguments(p)
-    cluster.add_arguments(p)
-    p.add_argument("--max-new-tokens", type=options.positive, default=48, help="tokens per run (default 48)")
-    p.add_argument("--temperatures", type=options.number_list(float), default=list(TEMPERATURES),
-                   help="comma-separated (default 0.7,1)")
-    p.add_argument("--top-p", type=options.number, default=1.0, help="nucleus sampling (default 1: off)")
-    p.add_argument("--seeds", type=options.positive, default=SEEDS, help=f"seeds per temperature (default {SEEDS})")
-    p.add_argument("--strategies", default=None,
-                   help="comma-separated specs to run (default: the best static K and best threshold of greedy replay "
-                        "on the train prompts, and threshold:0.4:20)")
-    p.add_argument("--cost-profile", action="append", default=[], metavar="flat:C",
-                   help="also cost every run under this profile (repeatable; default flat:0.05)")
-    p.add_argument("--out", type=Path, default=Path("bench-out/sampling"), help="output folder")
-    p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default: the one cache)")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=cmd_sampling)
-
-
 def choice_grid() -> list[Policy]:
     """What greedy replay ranks on the train prompts to choose the study's settings: static K and τ × KMAX."""
     return default_grid(STATIC_KS, TAUS, KMAXES, heuristic=(), oracle=False, kinds=())

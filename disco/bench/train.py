@@ -19,15 +19,16 @@ import json
 import math
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 
-from disco import cache, options, suites
+from disco import cache, suites
 from disco.costs import measure as cost_measure, model as cost_mod
 from disco.errors import InputError
 from disco.policies import AUTOREGRESSIVE, Autoregressive, DraftStep
-from disco.policies.classifier import DEFAULT_WEIGHTS, FEATURES, ClassifierWeights, Disco, step_features
+from disco.policies.classifier import (  # noqa: F401  (DEFAULT_WEIGHTS: the command's default, disco.bench.commands)
+    DEFAULT_WEIGHTS, FEATURES, ClassifierWeights, Disco, step_features,
+)
 from disco.replay.run import replay_many
 from disco.replay.tables import ChainEnded
 from disco.tables import cluster, fitting as prompt_fit
@@ -155,23 +156,6 @@ def _log(message: str) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # train
-
-
-def add_command(sub) -> None:
-    p = sub.add_parser("train", help="train the DISCO classifier (disco:KMAX lanes) from replay tables")
-    options.add_models(p)
-    options.add_numerics(p)
-    suites.add_arguments(p)
-    prompt_fit.add_arguments(p)
-    cluster.add_arguments(p)
-    p.add_argument("--max-new-tokens", type=options.integer, default=48, help="tokens per prompt (default 48)")
-    p.add_argument("--kmax", type=options.integer, default=20, help="deepest draft step sampled and the KMAX tuned for")
-    p.add_argument("--cost-profile", default="measured", metavar="PROFILE",
-                   help="costs the stop threshold is tuned under: measured (default), flat:C, or a profile CSV")
-    p.add_argument("--cache-dir", type=Path, default=None, help="replay tables cache (default: the one cache)")
-    p.add_argument("--out", type=Path, default=DEFAULT_WEIGHTS, help=f"weights file (default {DEFAULT_WEIGHTS.name} in assets/)")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=cmd_train)
 
 
 def cmd_train(args) -> int:
