@@ -19,8 +19,12 @@ setting (the costing is replay's), and the study's numbers are recomputed from i
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -48,6 +52,10 @@ TEMPERATURES = (0.7, 1.0)
 SEEDS = 3
 ROW_COLUMNS = ["prompt_id", "kind", "split", "strategy", "temperature", "seed", "new_tokens", "iterations",
                "drafted", "accepted", "acceptance_rate", "target_tokens", "assistant_passes", "wall_ms"]
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def modelled_ms(records, costs: CostModel) -> float:
@@ -211,81 +219,119 @@ def _fitting(prompts: list[SuitePrompt], phase: TablePhase, log) -> list[SuitePr
     return kept
 
 
-def _checked(args) -> tuple[list[float], set[str], list[Policy] | None]:
-    """The command's temperatures, flat profiles and given strategies (None: chosen by replay), checked."""
-    temps = list(dict.fromkeys(args.temperatures))
-    if any(not 0 < t <= 5 for t in temps):
-        raise BenchError("--temperatures: each must be in (0, 5]")
-    if not 0 < args.top_p <= 1:
-        raise BenchError(f"--top-p must be in (0, 1], got {args.top_p}")
-    flats = {cost_mod.check_profile(name) for name in (args.cost_profile or ["flat:0.05"])}
-    if any(not name.startswith("flat:") for name in flats):
-        raise BenchError("--cost-profile: give flat:C profiles here (the measured one is always included)")
-    options.check_out_dir(args.out)
-    strategies = [parse_strategy(s) for s in args.strategies.split(",") if s.strip()] if args.strategies else None
-    if strategies and any(p.greedy_only for p in strategies):
-        raise BenchError("the oracle needs greedy decoding; it has no place in a sampling study")
-    if strategies is not None and not any(p.drafts for p in strategies):
-        raise BenchError("--strategies: give at least one setting that drafts (the target alone is always run)")
-    return temps, flats, strategies
+@dataclass(frozen=True)
+class SamplingConfig:
+    """What one sampling study runs (checked): the pair, the prompts, the settings (None: chosen by greedy replay on
+    the train prompts), temperatures, seeds and the flat cost profiles besides the measured one."""
+
+    spec: PairSpec
+    selection: object              # suites.selection_from_args
+    fitting: object                # the length rule (disco.tables.fitting)
+    cache_dir: Path
+    max_new_tokens: int
+    temperatures: tuple[float, ...]
+    flats: tuple[str, ...]
+    strategies: tuple[Policy, ...] | None
+    seeds: int = SEEDS
+    top_p: float = 1.0
+    ray: object = None             # a Ray cluster's config (disco.tables.cluster), or None
+    progress: bool = True
+    command: str = "python -m disco sampling"
+
+    @classmethod
+    def from_args(cls, args) -> "SamplingConfig":
+        """The command's arguments, checked (one line for a bad one)."""
+        temps = list(dict.fromkeys(args.temperatures))
+        if any(not 0 < t <= 5 for t in temps):
+            raise BenchError("--temperatures: each must be in (0, 5]")
+        if not 0 < args.top_p <= 1:
+            raise BenchError(f"--top-p must be in (0, 1], got {args.top_p}")
+        flats = {cost_mod.check_profile(name) for name in (args.cost_profile or ["flat:0.05"])}
+        if any(not name.startswith("flat:") for name in flats):
+            raise BenchError("--cost-profile: give flat:C profiles here (the measured one is always included)")
+        options.check_out_dir(args.out)
+        strategies = [parse_strategy(s) for s in args.strategies.split(",") if s.strip()] if args.strategies else None
+        if strategies and any(p.greedy_only for p in strategies):
+            raise BenchError("the oracle needs greedy decoding; it has no place in a sampling study")
+        if strategies is not None and not any(p.drafts for p in strategies):
+            raise BenchError("--strategies: give at least one setting that drafts (the target alone is always run)")
+        return cls(PairSpec.from_args(args), suites.selection_from_args(args), prompt_fit.fitting_from_args(args),
+                   args.cache_dir or cache.tables_dir(), args.max_new_tokens, tuple(temps), tuple(sorted(flats)),
+                   tuple(strategies) if strategies is not None else None, args.seeds, args.top_p,
+                   cluster.config_from_args(args), not args.no_progress,
+                   "python -m disco sampling " + " ".join(getattr(args, "argv", [])))
 
 
-def cmd_sampling(args) -> int:
-    import json
-    import sys
+@dataclass
+class SamplingResult:
+    """A study's rows (one per run), its summary and its metadata."""
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+    rows: pd.DataFrame
+    table: pd.DataFrame
+    meta: dict
 
-    temps, flats, strategies = _checked(args)
-    picked = suites.pick(suites.selection_from_args(args))
+
+def run(config: SamplingConfig, log=_log) -> SamplingResult:
+    """The study: tables for the choice (on Ray if asked), the settings chosen on the train prompts (unless given),
+    then live sampled runs on the test prompts, costed under the measured and the flat profiles."""
+    picked = suites.pick(config.selection)
     train, test = suites.split_prompts(picked.prompts, "train"), suites.split_prompts(picked.prompts, "test")
-    if not test or (strategies is None and not train):
+    if not test or (config.strategies is None and not train):
         raise BenchError("the selected prompts need both a train and a test split (or give --strategies)")
-    spec = PairSpec.from_args(args)
-    phase = TablePhase(spec, prompt_fit.fitting_from_args(args), args.cache_dir or cache.tables_dir(),
-                       args.max_new_tokens)
-    ray = cluster.config_from_args(args)
-    if ray is not None and strategies is None:  # the train prompts' tables, for the choice of settings
-        phase.using(OnRay(ray, not args.no_progress, log)).ensure(train, choice_grid())
-    pair = spec.load(log=log)
+    phase = TablePhase(config.spec, config.fitting, config.cache_dir, config.max_new_tokens)
+    if config.ray is not None and config.strategies is None:  # the train prompts' tables, for the choice of settings
+        phase.using(OnRay(config.ray, config.progress, log)).ensure(train, choice_grid())
+    pair = config.spec.load(log=log)
     start = time.perf_counter()
+    temps = list(config.temperatures)
     with COMPUTE_LOCK:
         phase = phase.using(Here(pair, progress=False))
         test = _fitting(test, phase, log)
         measured = cost_measure.suite_costs(pair, [phase.ids(p) for p in test], 20, reps=2)
         costs = {"measured": measured, **{name: cost_mod.resolve(name, step_ms=measured.target_ms(1))
-                                          for name in sorted(flats)}}
-        by_cost = {"given": [p.spec for p in strategies]} if strategies else _choose(train, costs, log, phase)
+                                          for name in config.flats}}
+        by_cost = ({"given": [p.spec for p in config.strategies]} if config.strategies
+                   else _choose(train, costs, log, phase))
         chosen = list(dict.fromkeys([s for specs in by_cost.values() for s in specs] +
-                                    ([] if strategies else [REFERENCE_SETTING])))
+                                    ([] if config.strategies else [REFERENCE_SETTING])))
         log(f"sampling {', '.join(chosen)} on {len(test)} test prompts, T = {', '.join(f'{t:g}' for t in temps)}, "
-            f"{args.seeds} seeds")
+            f"{config.seeds} seeds")
         bar = None
-        if not args.no_progress:
+        if config.progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(test) * len(temps) * args.seeds * (len(chosen) + 1), desc="sampled runs",
+            bar = tqdm(total=len(test) * len(temps) * config.seeds * (len(chosen) + 1), desc="sampled runs",
                        file=sys.stderr, dynamic_ncols=True)
-        rows = run_study(pair, test, [parse_strategy(s) for s in chosen], args.max_new_tokens, costs, temps,
-                         args.seeds, args.top_p, progress=(lambda done, total: bar.update(1)) if bar else None,
+        rows = run_study(pair, test, [parse_strategy(s) for s in chosen], config.max_new_tokens, costs, temps,
+                         config.seeds, config.top_p, progress=(lambda done, total: bar.update(1)) if bar else None,
                          phase=phase)
         if bar is not None:
             bar.close()
-    table = summary(rows, [*costs, "wall"])
     meta = environment(pair)
-    meta.update(command="python -m disco sampling " + " ".join(args.argv), chosen=chosen, chosen_by_cost=by_cost,
+    meta.update(command=config.command, chosen=chosen, chosen_by_cost=by_cost,
                 prompts=len(test), **{k: v for k, v in picked.describe().items() if k != "prompts"},
                 prompts_skipped=[{"id": i, "reason": r} for i, r in phase.encoder.skipped.items()],
-                max_new_tokens=args.max_new_tokens, top_p=args.top_p, seeds=args.seeds, temperatures=temps,
+                max_new_tokens=config.max_new_tokens, top_p=config.top_p, seeds=config.seeds, temperatures=temps,
                 costs={k: v.to_dict() for k, v in costs.items()}, wall_seconds=time.perf_counter() - start)
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows.to_csv(args.out / "sampling.csv", index=False)
-    table.to_csv(args.out / "sampling_summary.csv", index=False)
-    (args.out / "sampling.md").write_text(summary_md(table, meta), encoding="utf-8")
-    (args.out / "meta.json").write_text(json.dumps(options.json_safe(meta), indent=2), encoding="utf-8")
+    return SamplingResult(rows, summary(rows, [*costs, "wall"]), meta)
+
+
+def write(result: SamplingResult, out: Path) -> list[str]:
+    """The study's files in ``out``: its rows, its summary (CSV and markdown) and its metadata."""
+    out.mkdir(parents=True, exist_ok=True)
+    result.rows.to_csv(out / "sampling.csv", index=False)
+    result.table.to_csv(out / "sampling_summary.csv", index=False)
+    (out / "sampling.md").write_text(summary_md(result.table, result.meta), encoding="utf-8")
+    (out / "meta.json").write_text(json.dumps(options.json_safe(result.meta), indent=2), encoding="utf-8")
+    return ["sampling.csv", "sampling_summary.csv", "sampling.md", "meta.json"]
+
+
+def cmd_sampling(args) -> int:
+    """``python -m disco sampling``: config -> study -> files, and one line per temperature."""
+    result = run(SamplingConfig.from_args(args))
+    print(f"wrote {args.out}/: {', '.join(write(result, args.out))}")
+    table = result.table
     best = table[(table["cost"] == "measured")].sort_values("speedup_mean", ascending=False)
-    print(f"wrote {args.out}/: sampling.csv, sampling_summary.csv, sampling.md, meta.json")
     for t, part in best.groupby("temperature"):
         top = part.iloc[0]
         ref = part[part["strategy"] == REFERENCE_SETTING]
