@@ -18,7 +18,9 @@ import functools
 import json
 import math
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 
@@ -158,46 +160,75 @@ def _log(message: str) -> None:
 # train
 
 
-def cmd_train(args) -> int:
-    log = _log
-    if not 1 <= args.kmax <= 64:
-        raise InputError(f"--kmax must be between 1 and 64, got {args.kmax}")
-    if not 2 <= args.max_new_tokens <= 512:
-        raise InputError(f"--max-new-tokens must be between 2 and 512, got {args.max_new_tokens}")
-    profile = cost_mod.check_profile(args.cost_profile)
-    fitting = prompt_fit.fitting_from_args(args)
-    ray = cluster.config_from_args(args)
-    prompts = suites.pick(suites.selection_from_args(args)).prompts
+@dataclass(frozen=True)
+class TrainConfig:
+    """What one training run uses (checked): the pair, the prompts (train split fitted, test split measured), the
+    tokens per prompt, the deepest draft step sampled, the cost profile the stop threshold is tuned under."""
+
+    spec: PairSpec
+    selection: object              # suites.selection_from_args
+    fitting: object                # the length rule (disco.tables.fitting)
+    cache_dir: Path
+    max_new_tokens: int = 48
+    kmax: int = 20
+    cost_profile: str = "measured"
+    ray: object = None             # a Ray cluster's config (disco.tables.cluster), or None
+    progress: bool = True
+    command: str = "python -m disco train"
+
+    @classmethod
+    def from_args(cls, args) -> "TrainConfig":
+        """The command's arguments, checked (one line for a bad one)."""
+        if not 1 <= args.kmax <= 64:
+            raise InputError(f"--kmax must be between 1 and 64, got {args.kmax}")
+        if not 2 <= args.max_new_tokens <= 512:
+            raise InputError(f"--max-new-tokens must be between 2 and 512, got {args.max_new_tokens}")
+        out = args.out.expanduser()
+        if out.is_dir() or not out.resolve().parent.is_dir():
+            raise InputError(f"cannot write {out}: give a file in an existing folder")
+        return cls(PairSpec.from_args(args), suites.selection_from_args(args), prompt_fit.fitting_from_args(args),
+                   args.cache_dir or cache.tables_dir(), args.max_new_tokens, args.kmax,
+                   cost_mod.check_profile(args.cost_profile), cluster.config_from_args(args), not args.no_progress,
+                   "python -m disco train " + " ".join(sys.argv[2:]))
+
+
+def run(config: TrainConfig, log=_log) -> ClassifierWeights:
+    """The tables of the selected prompts (on Ray if asked; what training reads of a table is the chain from every
+    position, as deep as it agrees + 1), then the fit on the train split, measured on the test split."""
+    prompts = suites.pick(config.selection).prompts
     if not any(p.split == "train" for p in prompts):
         raise InputError("the selected prompts hold no train-split prompt")
-    out = args.out.expanduser()
-    if out.is_dir() or not out.resolve().parent.is_dir():
-        raise InputError(f"cannot write {out}: give a file in an existing folder")
-    spec = PairSpec.from_args(args)
-    phase = TablePhase(spec, fitting, args.cache_dir or cache.tables_dir(), args.max_new_tokens)
-    if ray is not None:  # what training reads of a table: the chain from every position, as deep as it agrees (+1)
-        phase.using(OnRay(ray, not args.no_progress, log)).ensure(
-            prompts, [], fill=functools.partial(samples, max_new_tokens=args.max_new_tokens, kmax=args.kmax))
-    pair = spec.load(log=log)
-    phase = phase.using(Here(pair, not args.no_progress))
+    phase = TablePhase(config.spec, config.fitting, config.cache_dir, config.max_new_tokens)
+    if config.ray is not None:
+        phase.using(OnRay(config.ray, config.progress, log)).ensure(
+            prompts, [], fill=functools.partial(samples, max_new_tokens=config.max_new_tokens, kmax=config.kmax))
+    pair = config.spec.load(log=log)
+    phase = phase.using(Here(pair, config.progress))
     done = phase.ensure(prompts, [])
     tables, prompts, skipped = done.tables, done.prompts, phase.encoder.skipped
     if skipped:
         log(f"skipped {len(skipped)} prompts that do not fit: {', '.join(list(skipped)[:5])}")
     which = {p.id: p.split for p in prompts}
-    costs = cost_mod.resolve(profile, measured=lambda: cost_measure.cached_costs(
-        pair, [phase.ids(p) for p in prompts], args.kmax), precision=pair.assistant_precision)
+    costs = cost_mod.resolve(config.cost_profile, measured=lambda: cost_measure.cached_costs(
+        pair, [phase.ids(p) for p in prompts], config.kmax), precision=pair.assistant_precision)
     meta = dict(pair.describe())
-    meta.update(cost_profile=profile, command="python -m disco train " + " ".join(sys.argv[2:]))
+    meta.update(cost_profile=config.cost_profile, command=config.command)
     weights = train({k: t for k, t in tables.items() if which[k] == "train"},
                     {k: t for k, t in tables.items() if which[k] == "test"},
-                    costs, args.max_new_tokens, args.kmax, meta, log)
+                    costs, config.max_new_tokens, config.kmax, meta, log)
     for t in tables.values():
         if t.dirty:
             t.save()
+    return weights
+
+
+def cmd_train(args) -> int:
+    """``python -m disco train``: config -> training -> the weights file, and one line on how they did."""
+    weights = run(TrainConfig.from_args(args))
+    out = args.out.expanduser()
     out.write_text(json.dumps(weights.to_dict(), indent=1) + "\n")
     test = weights.meta["test"]
-    log(f"wrote {out}: threshold {weights.threshold:g}; test split: ROC AUC {test.get('roc_auc', math.nan):.3f}, "
-        f"accuracy {test.get('accuracy', math.nan):.3f} on {test.get('samples', 0)} samples, replay speed-up "
-        f"{weights.meta['test_replay_speedup']:.3f}x")
+    _log(f"wrote {out}: threshold {weights.threshold:g}; test split: ROC AUC {test.get('roc_auc', math.nan):.3f}, "
+         f"accuracy {test.get('accuracy', math.nan):.3f} on {test.get('samples', 0)} samples, replay speed-up "
+         f"{weights.meta['test_replay_speedup']:.3f}x")
     return 0
