@@ -10,7 +10,7 @@ import os
 import threading
 import time
 
-from disco.app import machine_tab, plots, zerogpu
+from disco.app import machine_plots, machine_tab, zerogpu
 from disco.app.session import COMPUTE_LOCK
 from disco.bench import kernel_price, machine_profile
 from disco.costs import profile

@@ -248,6 +248,17 @@ def test_loader_failure_is_reported():
         list(ui.compare(loader.get, "hello"))
 
 
+def test_loader_poll_draws_the_machine_tab():
+    """The page's timer: the status line and the This-machine tab's text and two figures (drawn before any profile
+    exists, and again only when the text changes)."""
+    loader = loader_mod.ModelLoader("tiny", profile=False)
+    status, md, cost, speedup, timer = loader.poll()
+    assert isinstance(status, str) and isinstance(md, str)
+    assert isinstance(cost, go.Figure) and isinstance(speedup, go.Figure)
+    again = loader.poll(shown_status=status, shown_machine=md)
+    assert all(isinstance(x, type(gr.skip())) for x in again[1:4])
+
+
 # ------------------------------------------------------------------------------------------------
 # lanes HTML
 
