@@ -43,10 +43,10 @@ CSV_COLUMNS = ["strategy", "kind", "batch", "layout", "arrival", "cost_profile",
 
 def default_settings(static_ks: Sequence[int] = STATIC_KS, taus: Sequence[float] = BATCH_TAUS,
                      kmax: int = 20) -> list[str]:
-    """The batch study's grid: the target alone, static K, thresholds at KMAX, SGLang's shared depth and the
-    batch-level stop."""
+    """The batch study's grid: the target alone, static K, thresholds at KMAX, SGLang's shared depth, the
+    batch-level stop, and the reference threshold drafting for free to the batch's depth (disco.replay.free_draft)."""
     return ([BASELINE] + [f"static:{k}" for k in static_ks] + [f"threshold:{t:g}:{kmax}" for t in taus]
-            + ["sglang:3", f"batchstop:{kmax}"])
+            + ["sglang:3", f"batchstop:{kmax}", f"free:{REFERENCE}"])
 
 
 def parse_rates(values: Sequence[str] | None) -> list[tuple[str, float, bool]]:

@@ -25,7 +25,8 @@ from disco.bench.batch import BASELINE, REFERENCE
 NEAR = 0.95
 ANSWER_COLUMNS = ["layout", "batch", "best_static", "best_static_speedup", "best_threshold", "best_threshold_speedup",
                   "reference_speedup", "reference_share_of_static", "reference_share_of_threshold", "reference_near",
-                  "batchstop_speedup", "sglang_speedup", "best_dynamic", "best_dynamic_speedup", "speculation_pays"]
+                  "batchstop_speedup", "sglang_speedup", "free_reference_speedup", "best_dynamic", "best_dynamic_speedup",
+                  "speculation_pays"]
 
 
 def _best(frame: pd.DataFrame, kinds: tuple[str, ...]) -> str | None:
@@ -62,6 +63,7 @@ def answer(rows: pd.DataFrame) -> pd.DataFrame:
                     "batchstop_speedup": _test(test, next((x for x in test["strategy"] if x.startswith("batchstop")),
                                                           None)),
                     "sglang_speedup": _test(test, next((x for x in test["strategy"] if x.startswith("sglang")), None)),
+                    "free_reference_speedup": _test(test, f"free:{REFERENCE}"),
                     "best_dynamic": dynamic, "best_dynamic_speedup": _test(test, dynamic),
                     "speculation_pays": bool(_test(test, drafting) > 1.0)})
     return pd.DataFrame(out, columns=ANSWER_COLUMNS)
@@ -112,12 +114,13 @@ def markdown(rows: pd.DataFrame, ans: pd.DataFrame, label: str, command: str) ->
         part = ans[ans["layout"] == layout]
         lines += [f"## Layout `{layout}`", "",
                   "| B | best static K | speed-up | best threshold | speed-up | τ 0.4 / 20 | share of static | share of "
-                  "threshold | batch stop | SGLang shared | best dynamic |", "|" + "---|" * 11]
+                  "threshold | batch stop | SGLang shared | τ 0.4 / 20, free | best dynamic |", "|" + "---|" * 12]
         for _, a in part.iterrows():
             lines.append(f"| {a.batch} | {a.best_static} | {_f(a.best_static_speedup)} | {a.best_threshold} | "
                          f"{_f(a.best_threshold_speedup)} | {_f(a.reference_speedup)} | "
                          f"{_f(a.reference_share_of_static, True)} | {_f(a.reference_share_of_threshold, True)} | "
-                         f"{_f(a.batchstop_speedup)} | {_f(a.sglang_speedup)} | {a.best_dynamic} "
+                         f"{_f(a.batchstop_speedup)} | {_f(a.sglang_speedup)} | {_f(a.free_reference_speedup)} | "
+                         f"{a.best_dynamic} "
                          f"{_f(a.best_dynamic_speedup)} |")
         off = no_speculation_from(ans, layout)
         static_off = no_speculation_from(part.assign(static_pays=part["best_static_speedup"] > 1.0), layout,

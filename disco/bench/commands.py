@@ -103,7 +103,7 @@ def add_bench(sub) -> None:
                         "(default 0.5x,0.8x,0.95x)")
     g.add_argument("--batch-settings", default=None, metavar="SPEC,...",
                    help="settings raced in batches (default: the target alone, static K, thresholds at KMAX 20, sglang:3, "
-                        "batchstop:20)")
+                        "batchstop:20, free:threshold:0.4:20; free:SPEC drafts to the batch's depth)")
     g.add_argument("--batch-requests", type=options.positive, default=0, help="requests per stream (default max(48, 6 B))")
     g.add_argument("--batch-seeds", type=options.positive, default=3, help="seeded request streams per point")
     g.add_argument("--drafter", choices=["assistant", "head"], default="assistant",

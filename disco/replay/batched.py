@@ -15,6 +15,7 @@ The loop (one batch iteration at a time, on a modelled clock):
   * the iteration costs its drafting (as deep as its deepest drafter, every step over all drafting rows) plus its
     verification in the chosen layout; every sequence's new tokens are emitted at the iteration's end.
 
+A setting ``free:SPEC`` lets the rows of a per-sequence rule draft to the batch's depth (``disco.replay.free_draft``).
 A setting ``batchstop:KMAX`` is the batch-level stop rule: before each iteration it chooses one depth D for the whole
 batch, the one that maximises expected tokens per ms, where each row's expected tokens at depth D are
 1 + sum_{j<=D} prod_{m<=j} p_m over its assistant's chain confidences p (the confidence taken as the acceptance
@@ -43,6 +44,7 @@ from disco.costs.model import CostModel
 from disco.errors import InputError
 from disco.policies import Policy, parse_strategy
 from disco.replay.layouts import Pricer, RowPass
+from disco.replay import free_draft
 from disco.replay.run import ReplayRun
 from disco.replay.tables import ChainEnded, ChainMissing, ReplayTable
 
@@ -93,6 +95,7 @@ class Setting:
 
     def __init__(self, spec: str):
         self.spec = str(spec).strip()
+        self.free = False
         self.batch_stop = self.spec.startswith(BATCH_STOP + ":") or self.spec == BATCH_STOP
         if self.batch_stop:
             tail = self.spec.partition(":")[2] or "20"
@@ -106,14 +109,17 @@ class Setting:
             self.shared = False
             probe = parse_strategy(f"static:{self.kmax}")
         else:
-            probe = parse_strategy(self.spec)
+            self.free = self.spec.startswith(free_draft.PREFIX + ":")  # disco.replay.free_draft
+            probe = parse_strategy(self.spec.partition(":")[2] if self.free else self.spec)
             if probe.probes_verification:
                 raise BatchReplayError(f"{self.spec!r}: the oracle has no batched meaning")
-            self.spec = probe.spec
+            if self.free and (type(probe).batch_shared or not probe.uses_assistant or probe.proposes):
+                raise BatchReplayError(f"{self.spec!r}: free: takes a per-sequence rule that drafts with the assistant")
+            self.spec = f"{free_draft.PREFIX}:{probe.spec}" if self.free else probe.spec
             self.shared = type(probe).batch_shared
         self._shared: Policy | None = None
         # its iterations are the same whatever the batch, layout and costs: replayed once per request's table
-        self.cacheable = not (self.batch_stop or self.shared) and not (probe.needs_costs or probe.reads_costs)
+        self.cacheable = not (self.batch_stop or self.shared or self.free) and not (probe.needs_costs or probe.reads_costs)
 
     def policy(self) -> Policy:
         if self.batch_stop:
@@ -122,7 +128,7 @@ class Setting:
             if self._shared is None:
                 self._shared = parse_strategy(self.spec)
             return self._shared
-        return parse_strategy(self.spec)
+        return parse_strategy(self.spec.partition(":")[2] if self.free else self.spec)
 
     def fresh(self) -> "Setting":
         return Setting(self.spec)
@@ -152,9 +158,10 @@ class _Slot:
     def output_ids(self) -> list[int]:
         return list(self.run.output_ids) if self.run is not None else self._output
 
-    def step(self) -> tuple[RowPass, int]:
+    def step(self, depth: int | None = None) -> tuple[RowPass, int]:
+        """One iteration; ``depth``: draft to the batch's depth (``free:``, disco.replay.free_draft)."""
         if self.run is not None:
-            row, emitted = _row_of(self.run)
+            row, emitted = _row_of(self.run, depth)
         else:
             self._next += 1
             row, emitted = self._steps[self._next - 1]
@@ -174,11 +181,11 @@ def trace(table, setting: Setting, max_new_tokens: int, traces: dict) -> tuple[l
     return traces[key]
 
 
-def _row_of(run: ReplayRun) -> tuple[RowPass, int]:
+def _row_of(run: ReplayRun, depth: int | None = None) -> tuple[RowPass, int]:
     """One iteration of ``run`` as its share of a batch iteration, and the tokens it emitted."""
     core = run.core
     t_ctx, a_ctx, new = core.t_len, core.a_len, core.out_len == 0 and not core.records
-    record = run.step()
+    record = run.step() if depth is None else free_draft.step_to_depth(run, depth)
     first_fed = record.assistant_tokens - (record.draft_calls - 1) if record.draft_calls else 0
     return RowPass(record.target_tokens, int(record.max_lookahead), record.draft_calls, first_fed, t_ctx, a_ctx,
                    new, record.lookahead + 1), record.emitted
@@ -257,7 +264,8 @@ def simulate(setting: Setting | str, stream: Sequence[Request], batch: int, pric
         if setting.batch_stop:
             for slot, depth in zip(active, _depth(active, setting.kmax, pricer)):
                 slot.run.policy.k = depth
-        steps = [slot.step() for slot in active]
+        own = [free_draft.own_depth(slot.run) for slot in active] if setting.free else [0] * len(active)
+        steps = [slot.step(max(own) if d < max(own) else None) for slot, d in zip(active, own)]  # free: to the deepest
         draft_ms, verify_ms = pricer.iteration_ms([row for row, _ in steps])
         clock += draft_ms + verify_ms
         log.iterations.append((clock, len(active), sum(e for _, e in steps), draft_ms, verify_ms,

@@ -1,0 +1,78 @@
+"""Drafting for free inside a batch: the batched replay's ``free:SPEC`` variant of a per-sequence rule.
+
+A batch drafts as deep as its deepest drafter: every draft step is one assistant pass over all the batch's drafting
+rows (``disco.replay.layouts.draft_passes``), so a row whose own rule stopped early spends its slot in the remaining
+steps anyway. Under ``free:SPEC`` such a row keeps drafting until the batch's depth this iteration (the deepest
+row's own depth under SPEC), within its own budget (KMAX) and the room left, and those drafts are verified too. The
+deepest rows run SPEC unchanged (a token their rule drops stays dropped), so at B = 1, or when every row stops at the
+same depth, ``free:SPEC`` is SPEC itself (``tests/unit/test_free_draft.py``). What it buys: accepted tokens from drafts the batch paid for;
+what it costs: their verification (nothing in ``padded-k``, which pads every row to K + 1 anyway).
+
+Each row's own depth is found by a dry run of its iteration on a copy (the table is shared, never copied). Replayed
+from cached tables without their models, a row's extension ends where its table's chain ends at that position (the
+table holds what the rules replayed when it was built), so the variant's figures are then a lower bound on its gain.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from disco.decode.core import IterationRecord
+from disco.policies import Policy
+from disco.replay.tables import ChainEnded, ChainMissing
+
+PREFIX = "free"
+
+
+class DraftToDepth:
+    """A rule's policy for one iteration that drafts exactly ``depth`` tokens (fewer at EOS, at its budget or at the
+    room left); everything else (budget, state, update) is the rule's own."""
+
+    def __init__(self, inner: Policy, depth: int):
+        self._inner = inner
+        self._depth = int(depth)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def drop(self, step) -> bool:
+        return False
+
+    def stop_after(self, step) -> bool:
+        return step.index + 1 >= self._depth
+
+    def keep(self, steps) -> int:
+        return len(steps)
+
+
+def own_depth(run) -> int:
+    """The assistant passes ``run`` (a ``ReplayRun``) drafts this iteration under its own rule: a dry run on a copy."""
+    memo = {id(run.table): run.table}
+    if run.costs is not None:
+        memo[id(run.costs)] = run.costs
+    return copy.deepcopy(run, memo).step().draft_calls
+
+
+def stored_depth(run, upto: int) -> int:
+    """How many draft tokens ``run``'s table gives at its position, up to ``upto`` (all of them with models attached)."""
+    position = run.core.out_len
+    for j in range(upto):
+        try:
+            run.table.features(position, j)
+        except (ChainEnded, ChainMissing):
+            return j
+    return upto
+
+
+def step_to_depth(run, depth: int) -> IterationRecord:
+    """One iteration of ``run`` drafting to ``depth`` (or as far as its table's chain goes), then verified as usual."""
+    core = run.core
+    inner = core.policy
+    depth = stored_depth(run, depth) if inner.drafts and depth > 0 else 0
+    if depth == 0:
+        return run.step()
+    core.policy = DraftToDepth(inner, depth)
+    try:
+        return run.step()
+    finally:
+        core.policy = inner

@@ -1,0 +1,88 @@
+"""Drafting for free inside a batch (``free:SPEC``, disco.replay.free_draft): B = 1 is SPEC itself, every row drafts
+the batch's depth, the output stays the target's, and a cached table's chain bounds the extension."""
+
+from __future__ import annotations
+
+import pytest
+
+from disco.costs.batched import FlatBatch, TokenCurve
+from disco.replay.batched import BatchReplayError, Request, Setting, simulate
+from disco.replay.layouts import Pricer
+from disco.replay.tables import Chain, ReplayTable
+
+from test_batched import CURVE, EOS, synthetic_table
+
+SPEC = "threshold:0.6:12"
+
+
+def _stream(n=6, seed=0):
+    return [Request(i, synthetic_table(seed + i)) for i in range(n)]
+
+
+def _iterations(log):
+    return [it[1:] for it in log.iterations]  # (rows, emitted, draft ms, verify ms, target tokens, draft passes)
+
+
+@pytest.mark.parametrize("spec", [SPEC, "pmin:0.6:3", "entropy:0.8:12", "cumulative:0.3:12"])
+def test_free_at_batch_one_is_the_rule_itself(spec):
+    # the deepest row always runs its own rule (pmin's dropped last token stays dropped): at B = 1 that is every row
+    pricer = Pricer(TokenCurve(CURVE), "ragged")
+    plain = simulate(spec, _stream(), 1, pricer, 20)
+    free = simulate(f"free:{spec}", _stream(), 1, pricer, 20)
+    assert _iterations(free) == _iterations(plain)
+    assert free.output == plain.output
+
+
+def test_free_rows_draft_the_batch_depth_and_keep_the_target_output():
+    pricer = Pricer(TokenCurve(CURVE), "ragged")
+    plain = simulate(SPEC, _stream(), 3, pricer, 20)
+    free = simulate(f"free:{SPEC}", _stream(), 3, pricer, 20)
+    references = {i: synthetic_table(i).reference_for(20) for i in range(6)}
+    assert free.output == plain.output == {i: ref[: len(free.output[i])] for i, ref in references.items()}
+    # the same drafting passes are paid for, more of them verified: at least as many tokens sent to the target, and
+    # no more iterations (extra drafts can only be accepted, never cost a token)
+    assert sum(it[5] for it in free.iterations) > sum(it[5] for it in plain.iterations)
+    assert len(free.iterations) <= len(plain.iterations)
+
+
+def test_a_row_drafts_to_the_depth_asked_and_the_dry_run_leaves_it_untouched():
+    from disco.policies import parse_strategy
+    from disco.replay import free_draft
+    from disco.replay.run import ReplayRun
+
+    run = ReplayRun(synthetic_table(7), parse_strategy(SPEC), 20)
+    own = free_draft.own_depth(run)
+    assert run.records == [] and run.core.out_len == 0  # the dry run stepped a copy
+    record = free_draft.step_to_depth(run, own + 3)
+    assert record.draft_calls == record.lookahead == own + 3  # past its own stop, every draft kept and verified
+    assert run.core.policy is run.policy  # the rule is back for the next iteration
+
+
+def test_free_costs_nothing_more_to_verify_when_padded_to_k():
+    # padded-k verifies K + 1 a row whatever it drafted: the extension's drafts ride in the padding
+    pricer = Pricer(FlatBatch(0.1), "padded-k")
+    plain = simulate(SPEC, _stream(), 4, pricer, 20)
+    free = simulate(f"free:{SPEC}", _stream(), 4, pricer, 20)
+    assert free.iterations[-1][0] <= plain.iterations[-1][0]
+
+
+def test_a_cached_chain_bounds_the_extension():
+    # chains only 2 deep at every position and no models attached: a row never drafts past what its table holds
+    table = synthetic_table(3, depth=2)
+    short = ReplayTable(table.prompt_ids, table.reference, table.max_new_tokens, [EOS],
+                        {p: Chain(c.tokens[:2], c.probs[:2], False, [1.0] * 2, [0.5] * 2, [0.9] * 2)
+                         for p, c in table.chains.items()}, meta={"models": "synthetic"})
+    deep = synthetic_table(4)
+    log = simulate("free:static:2", [Request(0, short), Request(1, deep)], 2, Pricer(FlatBatch(0.1), "ragged"), 16)
+    assert log.output[0] == short.reference_for(16)[: len(log.output[0])]
+
+
+@pytest.mark.parametrize("spec", ["free:sglang:3", "free:lookup:3", "free:oracle:8", "free:autoregressive"])
+def test_free_takes_a_per_sequence_assistant_rule(spec):
+    with pytest.raises(BatchReplayError):
+        Setting(spec)
+
+
+def test_free_names_itself_canonically():
+    assert Setting("free:threshold:0.4:20").spec == "free:threshold:0.4:20"
+    assert not Setting("free:threshold:0.4:20").cacheable
