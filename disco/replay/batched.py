@@ -187,8 +187,9 @@ def _row_of(run: ReplayRun, depth: int | None = None) -> tuple[RowPass, int]:
     t_ctx, a_ctx, new = core.t_len, core.a_len, core.out_len == 0 and not core.records
     record = run.step() if depth is None else free_draft.step_to_depth(run, depth)
     first_fed = record.assistant_tokens - (record.draft_calls - 1) if record.draft_calls else 0
-    return RowPass(record.target_tokens, int(record.max_lookahead), record.draft_calls, first_fed, t_ctx, a_ctx,
-                   new, record.lookahead + 1), record.emitted
+    kmax = int(record.max_lookahead) if depth is None else (run.policy.budget() if run.policy.drafts else 0)
+    return RowPass(record.target_tokens, kmax, record.draft_calls, first_fed, t_ctx, a_ctx, new, record.lookahead + 1), \
+        record.emitted
 
 
 @dataclass
@@ -201,6 +202,7 @@ class BatchRun:
     last_admission_ms: float = 0.0
     first_finish_ms: float = math.nan
     output: dict[int, list[int]] = field(default_factory=dict)
+    cut: int = 0  # free: rows whose draft a cached table's chain ended (disco.replay.free_draft)
 
 
 def _depth(slots: list[_Slot], kmax: int, pricer: Pricer) -> list[int]:
@@ -264,8 +266,10 @@ def simulate(setting: Setting | str, stream: Sequence[Request], batch: int, pric
         if setting.batch_stop:
             for slot, depth in zip(active, _depth(active, setting.kmax, pricer)):
                 slot.run.policy.k = depth
-        own = [free_draft.own_depth(slot.run) for slot in active] if setting.free else [0] * len(active)
-        steps = [slot.step(max(own) if d < max(own) else None) for slot, d in zip(active, own)]  # free: to the deepest
+        own = [free_draft.own_depth(slot.run) for slot in active] if setting.free else [(0, True)] * len(active)
+        deepest = max(d for d, _ in own)
+        log.cut += sum(not exact for _, exact in own)
+        steps = [slot.step(deepest if d < deepest or not exact else None) for slot, (d, exact) in zip(active, own)]
         draft_ms, verify_ms = pricer.iteration_ms([row for row, _ in steps])
         clock += draft_ms + verify_ms
         log.iterations.append((clock, len(active), sum(e for _, e in steps), draft_ms, verify_ms,

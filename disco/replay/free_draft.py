@@ -9,8 +9,9 @@ same depth, ``free:SPEC`` is SPEC itself (``tests/unit/test_free_draft.py``). Wh
 what it costs: their verification (nothing in ``padded-k``, which pads every row to K + 1 anyway).
 
 Each row's own depth is found by a dry run of its iteration on a copy (the table is shared, never copied). Replayed
-from cached tables without their models, a row's extension ends where its table's chain ends at that position (the
-table holds what the rules replayed when it was built), so the variant's figures are then a lower bound on its gain.
+from cached tables without their models, a row's draft ends where its table's chain ends at that position (the table
+holds what the rules replayed when it was built, and ``free:`` visits positions they did not): its extension, and
+its own rule's draft where the rule would have gone further. ``simulate`` counts those rows (``BatchRun.cut``).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ PREFIX = "free"
 
 
 class DraftToDepth:
-    """A rule's policy for one iteration that drafts exactly ``depth`` tokens (fewer at EOS, at its budget or at the
-    room left); everything else (budget, state, update) is the rule's own."""
+    """A rule's policy for one iteration that drafts exactly ``depth`` tokens (fewer at EOS or at the room left):
+    its budget is cut to ``depth`` and nothing stops or drops a token before; its state and update are the rule's
+    own. (The row's KMAX, what ``padded-k`` pads to, stays the rule's: ``disco.replay.batched._row_of``.)"""
 
     def __init__(self, inner: Policy, depth: int):
         self._inner = inner
@@ -35,22 +37,32 @@ class DraftToDepth:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
+    def budget(self) -> int:
+        return min(self._inner.budget(), self._depth)
+
     def drop(self, step) -> bool:
         return False
 
     def stop_after(self, step) -> bool:
-        return step.index + 1 >= self._depth
+        return False
 
     def keep(self, steps) -> int:
         return len(steps)
 
 
-def own_depth(run) -> int:
-    """The assistant passes ``run`` (a ``ReplayRun``) drafts this iteration under its own rule: a dry run on a copy."""
+def own_depth(run) -> tuple[int, bool]:
+    """The assistant passes ``run`` (a ``ReplayRun``) drafts this iteration under its own rule (a dry run on a copy),
+    and whether that is exact: False where its table's chain ends before the rule would stop (a cached table without
+    its models, at a position no rule replayed when it was built), the depth then being what the chain holds."""
     memo = {id(run.table): run.table}
     if run.costs is not None:
         memo[id(run.costs)] = run.costs
-    return copy.deepcopy(run, memo).step().draft_calls
+    try:
+        return copy.deepcopy(run, memo).step().draft_calls, True
+    except ChainMissing:
+        core = run.core
+        room = max(0, min(run.policy.budget(), core.max_new_tokens - core.out_len - 1))
+        return stored_depth(run, room), False
 
 
 def stored_depth(run, upto: int) -> int:
@@ -68,10 +80,7 @@ def step_to_depth(run, depth: int) -> IterationRecord:
     """One iteration of ``run`` drafting to ``depth`` (or as far as its table's chain goes), then verified as usual."""
     core = run.core
     inner = core.policy
-    depth = stored_depth(run, depth) if inner.drafts and depth > 0 else 0
-    if depth == 0:
-        return run.step()
-    core.policy = DraftToDepth(inner, depth)
+    core.policy = DraftToDepth(inner, stored_depth(run, depth) if inner.drafts else 0)
     try:
         return run.step()
     finally:

@@ -51,8 +51,8 @@ def test_a_row_drafts_to_the_depth_asked_and_the_dry_run_leaves_it_untouched():
     from disco.replay.run import ReplayRun
 
     run = ReplayRun(synthetic_table(7), parse_strategy(SPEC), 20)
-    own = free_draft.own_depth(run)
-    assert run.records == [] and run.core.out_len == 0  # the dry run stepped a copy
+    own, exact = free_draft.own_depth(run)
+    assert exact and run.records == [] and run.core.out_len == 0  # the dry run stepped a copy
     record = free_draft.step_to_depth(run, own + 3)
     assert record.draft_calls == record.lookahead == own + 3  # past its own stop, every draft kept and verified
     assert run.core.policy is run.policy  # the rule is back for the next iteration
@@ -66,21 +66,44 @@ def test_free_costs_nothing_more_to_verify_when_padded_to_k():
     assert free.iterations[-1][0] <= plain.iterations[-1][0]
 
 
-def test_a_cached_chain_bounds_the_extension():
-    # chains only 2 deep at every position and no models attached: a row never drafts past what its table holds
-    table = synthetic_table(3, depth=2)
-    short = ReplayTable(table.prompt_ids, table.reference, table.max_new_tokens, [EOS],
-                        {p: Chain(c.tokens[:2], c.probs[:2], False, [1.0] * 2, [0.5] * 2, [0.9] * 2)
-                         for p, c in table.chains.items()}, meta={"models": "synthetic"})
-    deep = synthetic_table(4)
-    log = simulate("free:static:2", [Request(0, short), Request(1, deep)], 2, Pricer(FlatBatch(0.1), "ragged"), 16)
-    assert log.output[0] == short.reference_for(16)[: len(log.output[0])]
+def _holding(table: ReplayTable, positions: dict[int, int]) -> ReplayTable:
+    """``table`` as a cache without its models would hold it: the chain at each listed position cut to that many
+    tokens, no chain at any other."""
+    chains = {p: Chain(table.chains[p].tokens[:n], table.chains[p].probs[:n], False, [1.0] * n, [0.5] * n,
+                       [0.9] * n) for p, n in positions.items()}
+    return ReplayTable(table.prompt_ids, table.reference, table.max_new_tokens, [EOS], chains,
+                       meta={"models": "synthetic"})
+
+
+def test_a_cached_chain_bounds_the_draft_and_is_counted():
+    # a cache that holds 2 tokens at every position (a rule that never drafted deeper built it), and one that holds
+    # nothing past position 0: rows draft what their tables hold, never fail, and the cut rows are counted
+    full = synthetic_table(3)
+    two = _holding(full, {p: 2 for p in full.chains})
+    first_only = _holding(synthetic_table(4), {0: 3})
+    pricer = Pricer(FlatBatch(0.1), "padded-k")
+    log = simulate(f"free:{SPEC}", [Request(0, two), Request(1, first_only)], 2, pricer, 16)
+    for i, table in ((0, two), (1, first_only)):
+        assert log.output[i] == table.reference_for(16)[: len(log.output[i])]
+    assert log.cut > 0
+    # alone in its batch (B = 1) too: its own rule is cut where the chain ends
+    assert simulate(f"free:{SPEC}", [Request(1, first_only)], 1, pricer, 16).cut > 0
 
 
 @pytest.mark.parametrize("spec", ["free:sglang:3", "free:lookup:3", "free:oracle:8", "free:autoregressive"])
 def test_free_takes_a_per_sequence_assistant_rule(spec):
     with pytest.raises(BatchReplayError):
         Setting(spec)
+
+
+def test_the_extension_keeps_the_rules_kmax_for_padding():
+    from disco.replay.batched import _row_of
+    from disco.policies import parse_strategy
+    from disco.replay.run import ReplayRun
+
+    run = ReplayRun(synthetic_table(5), parse_strategy(SPEC), 20)
+    row, _ = _row_of(run, 2)
+    assert row.k_config == 12 and row.draft_calls == 2
 
 
 def test_free_names_itself_canonically():
