@@ -38,7 +38,7 @@ BASELINE = "autoregressive"
 REFERENCE = "threshold:0.4:20"
 CSV_COLUMNS = ["strategy", "kind", "batch", "layout", "arrival", "cost_profile", "split", "tokens_per_s", "speedup",
                "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "goodput_rps",
-               "mean_active", "draft_share", "window_ms", "steady", "requests", "label"]
+               "mean_active", "draft_share", "window_ms", "steady", "requests", "label", "cut_share"]
 
 
 def default_settings(static_ks: Sequence[int] = STATIC_KS, taus: Sequence[float] = BATCH_TAUS,
@@ -229,6 +229,7 @@ def _points(tables, pricer, study, max_new, batch, rate, arrival, slo, keys, tra
                     "tokens_per_s": m["tokens_per_s"],
                     "speedup": m["tokens_per_s"] / base["tokens_per_s"] if base else math.nan,
                     **{k: m[k] for k in ("tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50",
-                                         "itl_ms_p99", "mean_active", "draft_share", "window_ms", "steady")},
+                                         "itl_ms_p99", "mean_active", "draft_share", "window_ms", "steady",
+                                         "cut_share")},
                     "goodput_rps": good, "requests": study.count(batch) * study.seeds})
     return out

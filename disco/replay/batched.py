@@ -335,6 +335,7 @@ def metrics(log: BatchRun, open_loop: bool = False, whole: bool = False) -> dict
         "mean_active": float(np.mean([it[1] for it in its])) if its else math.nan,
         "draft_share": (sum(it[3] for it in its) / max(sum(it[3] + it[4] for it in its), 1e-12)) if its else math.nan,
         "window_ms": span, "steady": steady, "requests_in_window": len(inside),
+        "cut_share": log.cut / max(1, sum(it[1] for it in log.iterations)),  # free: rows cut by a cached chain
         "_latency": [(r["first_ms"] - r[since],
                       (r["finish_ms"] - r["first_ms"]) / (r["tokens"] - 1) if r["tokens"] > 1 else 0.0) for r in inside],
     }
