@@ -54,15 +54,23 @@ def own_depth(run) -> tuple[int, bool]:
     """The assistant passes ``run`` (a ``ReplayRun``) drafts this iteration under its own rule (a dry run on a copy),
     and whether that is exact: False where its table's chain ends before the rule would stop (a cached table without
     its models, at a position no rule replayed when it was built), the depth then being what the chain holds."""
-    memo = {id(run.table): run.table}
-    if run.costs is not None:
-        memo[id(run.costs)] = run.costs
     try:
-        return copy.deepcopy(run, memo).step().draft_calls, True
+        return _probe(run).step().draft_calls, True
     except ChainMissing:
         core = run.core
         room = max(0, min(run.policy.budget(), core.max_new_tokens - core.out_len - 1))
         return stored_depth(run, room), False
+
+
+def _probe(run):
+    """A copy of ``run`` that can take one step without touching it: what a step changes is copied (the output so
+    far, the records list, the rule's state), what it only reads is shared (the table, the reference, the costs)."""
+    probe = copy.copy(run)
+    probe.policy = copy.deepcopy(run.policy, {id(run.costs): run.costs} if run.costs is not None else None)
+    core = copy.copy(run.core)
+    core.ids, core.records, core.policy, core.backend = list(core.ids), list(core.records), probe.policy, probe
+    probe.core = core
+    return probe
 
 
 def stored_depth(run, upto: int) -> int:
