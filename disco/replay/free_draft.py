@@ -55,7 +55,7 @@ def own_depth(run) -> tuple[int, bool]:
     and whether that is exact: False where its table's chain ends before the rule would stop (a cached table without
     its models, at a position no rule replayed when it was built), the depth then being what the chain holds."""
     try:
-        return _probe(run).step().draft_calls, True
+        return _draft_calls(_probe(run).core), True
     except ChainMissing:
         core = run.core
         room = max(0, min(run.policy.budget(), core.max_new_tokens - core.out_len - 1))
@@ -63,14 +63,24 @@ def own_depth(run) -> tuple[int, bool]:
 
 
 def _probe(run):
-    """A copy of ``run`` that can take one step without touching it: what a step changes is copied (the output so
-    far, the records list, the rule's state), what it only reads is shared (the table, the reference, the costs)."""
+    """A copy of ``run`` whose core can draft without touching ``run``: what drafting rebinds is copied (the caches'
+    lengths, the modelled clock), what it only reads is shared (the table, the output so far, the records, the rule's
+    state: a rule's ``drop`` and ``stop_after`` read it, only ``update`` after verification changes it)."""
     probe = copy.copy(run)
-    probe.policy = copy.deepcopy(run.policy, {id(run.costs): run.costs} if run.costs is not None else None)
+    probe.policy = copy.copy(run.policy)
     core = copy.copy(run.core)
-    core.ids, core.records, core.policy, core.backend = list(core.ids), list(core.records), probe.policy, probe
+    core.policy, core.backend = probe.policy, probe
     probe.core = core
     return probe
+
+
+def _draft_calls(core) -> int:
+    """The assistant passes the core's next iteration drafts (its draft-stop loop only: the budget as
+    ``IterationCore.step`` sets it, nothing verified or recorded)."""
+    policy = core.policy
+    k_policy = policy.budget()
+    budget = max(0, min(k_policy, core.max_new_tokens - core.out_len - 1)) if policy.drafts else 0
+    return core._draft_with_assistant(budget, k_policy, core.out_len).draft_calls if budget else 0
 
 
 def stored_depth(run, upto: int) -> int:

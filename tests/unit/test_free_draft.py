@@ -109,3 +109,34 @@ def test_the_extension_keeps_the_rules_kmax_for_padding():
 def test_free_names_itself_canonically():
     assert Setting("free:threshold:0.4:20").spec == "free:threshold:0.4:20"
     assert not Setting("free:threshold:0.4:20").cacheable
+
+
+def test_every_rules_stop_checks_only_read_its_state():
+    """free:'s dry run shares the rule's state with the row (disco.replay.free_draft._probe): a rule's drop and
+    stop_after must read it only (update, after verification, is where it changes)."""
+    import copy
+
+    from disco.policies import DraftStep, RunContext, parse_strategy, policy_kinds
+
+    for cls in policy_kinds():
+        policy = parse_strategy(cls.canonical)
+        if not policy.uses_assistant:
+            continue
+        policy.bind(RunContext(costs=CURVE, reference=[1, 2, 3]))
+        before = copy.deepcopy(vars(policy))
+        step = DraftStep.first(0, 5, 0.3, 2.0, 0.1, 0.6)
+        for s in (step, step.then(6, 0.9, 0.2, 0.8, 0.99), step.then(7, 0.01, 5.0, 0.0, 0.2)):
+            policy.drop(s)
+            policy.stop_after(s)
+        assert _state(vars(policy)) == _state(before), cls.kind
+
+
+def _state(value):
+    """A structure's value, objects compared by their attributes (not their addresses)."""
+    if isinstance(value, dict):
+        return {k: _state(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_state(v) for v in value]
+    if hasattr(value, "__dict__") and not callable(value):
+        return (type(value).__name__, _state(vars(value)))
+    return repr(value)
