@@ -95,12 +95,12 @@ def _stop() -> None:
         _IDLE.wait_for(lambda: _ACTIVE == 0, JOIN_SECONDS)
     # a thread nobody registered has left its pass but may still be unwinding (its exception, a print): give it a moment
     # to finish, so the interpreter does not cut it off inside native frames (a worker pool's thread never finishes)
-    joined: set[int] = set()
+    joined: set[threading.Thread] = set()
     while True:
         with _IDLE:
-            waiting = [t for t in _STOPPED if t.ident not in joined and t.is_alive() and t is not me]
+            waiting = [t for t in _STOPPED if t not in joined and t.is_alive() and t is not me]
         if not waiting:
             return
         for thread in waiting:  # one that stops meanwhile (before its next pass) is joined on the next round
-            joined.add(thread.ident)
+            joined.add(thread)
             thread.join(UNWIND_SECONDS)

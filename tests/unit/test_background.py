@@ -72,7 +72,10 @@ def test_exit_while_a_background_thread_is_inside_a_pass(engine, thread, tmp_pat
 
 def test_no_pass_starts_once_the_exit_has_begun():
     """The race CI hit: a thread past ``forward``'s first check enters ``in_pass`` after the exit stopped waiting for
-    passes; Python then cut it off inside llama.cpp (``std::terminate``). ``in_pass`` refuses under the exit's lock."""
+    passes; Python then cut it off inside llama.cpp (``std::terminate``). Here: once the exit has begun, ``in_pass``
+    refuses and the thread counts as stopped (so the exit gives it a moment). That the check and ``SHUTDOWN`` share one
+    lock, which closes the window between them, is read in the code, not timed here; the llamacpp-plain exit test
+    above is the race itself (2 crashes in 40 runs before the change, 0 in 60 after)."""
     script = textwrap.dedent("""
         import threading
         from disco.errors import Interrupted
