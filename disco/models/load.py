@@ -13,7 +13,6 @@ files) when llama-cpp-python is installed, else torch. Pairs are loaded once per
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 import time
@@ -278,19 +277,6 @@ def resolve_assistant(pair: ModelPair, choice: str = "auto", log=None) -> ModelP
 
 
 _GGUF_PAIRS: dict[tuple, object] = {}
-
-
-def forget_pairs(keep=("tiny",)) -> int:
-    """Drop this process's loaded pairs but those named in ``keep`` (a later load reads them again); returns how many.
-    For a long process that moves on to other models, e.g. the test suite before its fp32 load of the real pair (that
-    load took 127 s in the full suite, 14 s in a process of its own)."""
-    with _LOCK:
-        dropped = [k for k in (*_PAIRS, *_GGUF_PAIRS) if k[0] not in keep]
-        for key in dropped:
-            _PAIRS.pop(key, None)
-            _GGUF_PAIRS.pop(key, None)
-    gc.collect()
-    return len(dropped)
 
 
 def _load_gguf_once(spec: str, folders, progress: bool, log):

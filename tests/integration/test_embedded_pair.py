@@ -23,9 +23,7 @@ PROMPTS = {
 @pytest.fixture(scope="module")
 def real_pair():
     from disco.models import load_pair
-    from disco.models.load import forget_pairs
 
-    forget_pairs()  # the pairs earlier tests left in this process (this load: 127 s in the full suite, 14 s alone)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # real models do use both cores (the unit tests pin one)
     pair = load_pair("embedded", dtype="fp32", log=print)
