@@ -145,6 +145,13 @@ class IterationCore:
     def output_ids(self) -> list[int]:
         return self.ids[self.prompt_len:]
 
+    def budgets(self) -> tuple[int, int]:
+        """(the policy's budget, the tokens it may draft this iteration: that budget within the room left, less the
+        target's own token)."""
+        k_policy = self.policy.budget()
+        room = self.max_new_tokens - self.out_len - 1
+        return k_policy, (max(0, min(k_policy, room)) if self.policy.drafts else 0)
+
     def step(self) -> IterationRecord:
         # One function on purpose (~90 lines, the two ways of drafting in helpers below): the six phases share the
         # iteration's state, and reading them in order, in one place, is how the invariants are checked.
@@ -153,8 +160,7 @@ class IterationCore:
         t0 = clock()
         out_len = self.out_len
         remaining = self.max_new_tokens - out_len
-        k_policy = policy.budget()
-        budget = max(0, min(k_policy, remaining - 1)) if policy.drafts else 0
+        k_policy, budget = self.budgets()
         threshold = policy.threshold
         forward_ms = 0.0
         draft_calls = 0

@@ -43,8 +43,8 @@ from disco.costs.batched import BatchCosts
 from disco.costs.model import CostModel
 from disco.errors import InputError
 from disco.policies import Policy, parse_strategy
-from disco.replay.layouts import Pricer, RowPass
 from disco.replay import free_draft
+from disco.replay.layouts import Pricer, RowPass
 from disco.replay.run import ReplayRun
 from disco.replay.tables import ChainEnded, ChainMissing, ReplayTable
 
@@ -107,7 +107,7 @@ class Setting:
                 raise BatchReplayError(f"{self.spec!r}: KMAX must be in 1..64")
             self.spec = f"{BATCH_STOP}:{self.kmax}"
             self.shared = False
-            probe = parse_strategy(f"static:{self.kmax}")
+            probe = parse_strategy(f"static:{self.kmax}")  # its depth is set before each iteration (``_depth``)
         else:
             self.free = self.spec.startswith(free_draft.PREFIX + ":")  # disco.replay.free_draft
             probe = parse_strategy(self.spec.partition(":")[2] if self.free else self.spec)
@@ -117,18 +117,17 @@ class Setting:
                 raise BatchReplayError(f"{self.spec!r}: free: takes a per-sequence rule that drafts with the assistant")
             self.spec = f"{free_draft.PREFIX}:{probe.spec}" if self.free else probe.spec
             self.shared = type(probe).batch_shared
+        self.rule = probe.spec  # what each sequence runs (free: its rows then draft to the batch's depth)
         self._shared: Policy | None = None
         # its iterations are the same whatever the batch, layout and costs: replayed once per request's table
-        self.cacheable = not (self.batch_stop or self.shared or self.free) and not (probe.needs_costs or probe.reads_costs)
+        self.cacheable = not (self.batch_stop or self.shared or self.free or probe.needs_costs or probe.reads_costs)
 
     def policy(self) -> Policy:
-        if self.batch_stop:
-            return parse_strategy(f"static:{self.kmax}")
         if self.shared:
             if self._shared is None:
-                self._shared = parse_strategy(self.spec)
+                self._shared = parse_strategy(self.rule)
             return self._shared
-        return parse_strategy(self.spec.partition(":")[2] if self.free else self.spec)
+        return parse_strategy(self.rule)
 
     def fresh(self) -> "Setting":
         return Setting(self.spec)
@@ -266,10 +265,13 @@ def simulate(setting: Setting | str, stream: Sequence[Request], batch: int, pric
         if setting.batch_stop:
             for slot, depth in zip(active, _depth(active, setting.kmax, pricer)):
                 slot.run.policy.k = depth
-        own = [free_draft.own_depth(slot.run) for slot in active] if setting.free else [(0, True)] * len(active)
-        deepest = max(d for d, _ in own)
-        log.cut += sum(not exact for _, exact in own)
-        steps = [slot.step(deepest if d < deepest or not exact else None) for slot, (d, exact) in zip(active, own)]
+        if setting.free:  # rows short of the deepest, or cut by their table, draft to its depth (disco.replay.free_draft)
+            own = [free_draft.own_depth(slot.run) for slot in active]
+            deepest = max(d for d, _ in own)
+            log.cut += sum(not exact for _, exact in own)
+            steps = [slot.step(deepest if d < deepest or not exact else None) for slot, (d, exact) in zip(active, own)]
+        else:
+            steps = [slot.step() for slot in active]
         draft_ms, verify_ms = pricer.iteration_ms([row for row, _ in steps])
         clock += draft_ms + verify_ms
         log.iterations.append((clock, len(active), sum(e for _, e in steps), draft_ms, verify_ms,

@@ -5,8 +5,9 @@ rows (``disco.replay.layouts.draft_passes``), so a row whose own rule stopped ea
 steps anyway. Under ``free:SPEC`` such a row keeps drafting until the batch's depth this iteration (the deepest
 row's own depth under SPEC), within its own budget (KMAX) and the room left, and those drafts are verified too. The
 deepest rows run SPEC unchanged (a token their rule drops stays dropped), so at B = 1, or when every row stops at the
-same depth, ``free:SPEC`` is SPEC itself (``tests/unit/test_free_draft.py``). What it buys: accepted tokens from drafts the batch paid for;
-what it costs: their verification (nothing in ``padded-k``, which pads every row to K + 1 anyway).
+same depth, ``free:SPEC`` is SPEC itself (``tests/unit/test_free_draft.py``). What it buys: accepted tokens from
+drafts the batch paid for; what it costs: their verification (nothing in ``padded-k``, which pads every row to K + 1
+anyway).
 
 Each row's own depth is found by a dry run of its iteration on a copy (the table is shared, never copied). Replayed
 from cached tables without their models, a row's draft ends where its table's chain ends at that position (the table
@@ -57,9 +58,7 @@ def own_depth(run) -> tuple[int, bool]:
     try:
         return _draft_calls(_probe(run).core), True
     except ChainMissing:
-        core = run.core
-        room = max(0, min(run.policy.budget(), core.max_new_tokens - core.out_len - 1))
-        return stored_depth(run, room), False
+        return stored_depth(run, run.core.budgets()[1]), False
 
 
 def _probe(run):
@@ -75,11 +74,9 @@ def _probe(run):
 
 
 def _draft_calls(core) -> int:
-    """The assistant passes the core's next iteration drafts (its draft-stop loop only: the budget as
-    ``IterationCore.step`` sets it, nothing verified or recorded)."""
-    policy = core.policy
-    k_policy = policy.budget()
-    budget = max(0, min(k_policy, core.max_new_tokens - core.out_len - 1)) if policy.drafts else 0
+    """The assistant passes the core's next iteration drafts (its draft-stop loop only, within the budget
+    ``IterationCore.budgets`` gives ``step``; nothing verified or recorded)."""
+    k_policy, budget = core.budgets()
     return core._draft_with_assistant(budget, k_policy, core.out_len).draft_calls if budget else 0
 
 
