@@ -302,13 +302,13 @@ def build_sweep_tab(get_pair, gate=None) -> None:
     sweep_batch.build(w.state, get_pair, gate)
 
 
-
 def _heatmap_of(kind, st):
     """The heatmap of the last sweep, for one kind of prompt (or all)."""
     if not st or st.get("summary") is None:
         return gr.skip()
     return heatmap_figure(kind_slice(st["summary"], kind or ALL),
                           title=None if kind in (None, ALL) else f"Speed-up over τ × KMAX: {kind} prompts")
+
 
 def _on_suite(menu, upload):
     """A suite picked or uploaded: its prompts as the choices, and one line on what it holds."""

@@ -130,9 +130,9 @@ def run_study(tables_by_split: dict[str, list[ReplayTable]], costs: BatchCosts, 
               max_new_tokens: int, progress: bool = True, workers: int | None = None) -> pd.DataFrame:
     """Every (split, setting, B, layout) at fixed concurrency and every (split, setting, rate, layout) at the largest
     B: one row each (``CSV_COLUMNS``). Each (split, layout) is a job of its own, run on ``workers`` processes (default:
-    the cores this process may use; ``DISCO_BATCH_WORKERS``; one where a table still holds its models), forked after the rules that read no costs have been replayed once
-    per table (``disco.replay.batched.trace``), so every job shares those iterations; rows come back in job order, so
-    the frame is the same whatever the number of workers."""
+    the cores this process may use; ``DISCO_BATCH_WORKERS``; one where a table still holds its models), forked after
+    the rules that read no costs have been replayed once per table (``disco.replay.batched.trace``), so every job
+    shares those iterations; rows come back in job order, so the frame is the same whatever the number of workers."""
     started = time.perf_counter()
     jobs = [(split, layout) for split, tables in tables_by_split.items() if tables for layout in study.layouts]
     workers = min(len(jobs), _workers(workers)) if jobs else 1

@@ -4,9 +4,9 @@ For each llama.cpp multi-sequence layout (``disco.models.llama_batch``: one KV s
 buffer), batch size B and context C: B sequences are prefilled with C distinct tokens each (timed as one batched
 prefill where it fits one ``llama_decode``, ``reps`` times on a fresh context each, as a live run's first pass is: the
 ``prefill`` rows, context 0), then a pass of k tokens per sequence (k in ``KS``) is timed ``reps`` times (median kept)
-on the target and on the assistant, the caches cropped back to C after each. The rows are the cost CSV's (role, precision, kind, tokens = per row, ms) plus batch, context and layout,
-so ``--cost-profile FILE.csv`` reads them as a batched grid (``disco.costs.batched.grid_from_rows``) and a batch-1
-reader keeps its batch-1 rows. Each layout is also checked for batch invariance: whether a batched pass's rows are
+on the target and on the assistant, the caches cropped back to C after each. The rows are the cost CSV's (role,
+precision, kind, tokens = per row, ms) plus batch, context and layout, so ``--cost-profile FILE.csv`` reads them as a
+batched grid (``disco.costs.batched.grid_from_rows``) and a batch-1 reader keeps its batch-1 rows. Each layout is also checked for batch invariance: whether a batched pass's rows are
 bit-identical to each sequence fed alone (``rows_match_batch_one``)."""
 
 from __future__ import annotations

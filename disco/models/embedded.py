@@ -363,7 +363,6 @@ def _cache_error(cache: Path, exc: OSError) -> EmbeddedError:
                          "to use another folder)")
 
 
-
 # --------------------------------------------------------------------------- status
 
 

@@ -161,6 +161,7 @@ def locate_all(roles: Sequence[str], table: Mapping[str, ModelSpec]) -> dict[str
         raise EmbeddedError("\n\n".join(errors))
     return found
 
+
 def _record_entry(spec: ModelSpec, index: int):
     """The wheel's RECORD entry (size, sha256) for part ``index``, or None if the install has no record of it."""
     try:
