@@ -184,9 +184,11 @@ def _row_of(run: ReplayRun, depth: int | None = None) -> tuple[RowPass, int]:
     """One iteration of ``run`` as its share of a batch iteration, and the tokens it emitted."""
     core = run.core
     t_ctx, a_ctx, new = core.t_len, core.a_len, core.out_len == 0 and not core.records
+    # free: the row's KMAX (what padded-k pads to) is its rule's as the iteration starts, not the depth drafted to
+    kmax = None if depth is None else (core.budgets()[0] if run.policy.drafts else 0)
     record = run.step() if depth is None else free_draft.step_to_depth(run, depth)
     first_fed = record.assistant_tokens - (record.draft_calls - 1) if record.draft_calls else 0
-    kmax = int(record.max_lookahead) if depth is None else (run.policy.budget() if run.policy.drafts else 0)
+    kmax = int(record.max_lookahead) if kmax is None else kmax
     return RowPass(record.target_tokens, kmax, record.draft_calls, first_fed, t_ctx, a_ctx, new, record.lookahead + 1), \
         record.emitted
 
