@@ -28,7 +28,7 @@ from disco.costs.batched import DRAFTERS, BatchCosts, check_batch
 from disco.errors import BenchError
 from disco.policies.classic import STATIC_KS
 from disco.replay.batched import BatchReplayError, Setting, goodput, metrics, request_stream, simulate, trace
-from disco.replay.layouts import LAYOUTS, Pricer, check_layout
+from disco.replay.layouts import LAYOUTS, LayoutError, Pricer, check_context, check_layout
 from disco.replay.tables import ReplayTable
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -36,7 +36,7 @@ RATES = ("0.5x", "0.8x", "0.95x")  # of the target alone's saturated request rat
 BATCH_TAUS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 BASELINE = "autoregressive"
 REFERENCE = "threshold:0.4:20"
-CSV_COLUMNS = ["strategy", "kind", "batch", "layout", "arrival", "cost_profile", "split", "tokens_per_s", "speedup",
+CSV_COLUMNS = ["strategy", "kind", "batch", "layout", "context", "arrival", "cost_profile", "split", "tokens_per_s", "speedup",
                "tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "goodput_rps",
                "mean_active", "draft_share", "window_ms", "steady", "requests", "label", "cut_share"]
 
@@ -79,6 +79,7 @@ class BatchStudy:
     slo_factor: float = 2.0     # latency target: TPOT and TTFT within this factor of the target alone's at B = 1
     band: bool = True           # a roofline profile: also answer under every model of its uncertainty band
     drafter: str = "assistant"  # or "head": a drafter that costs one target layer per token (a what-if)
+    contexts: tuple[int, ...] = (0,)  # tokens each sequence holds cached before its prompt (disco.replay.layouts.Pricer)
 
     def __post_init__(self):
         if not self.batches:
@@ -88,6 +89,10 @@ class BatchStudy:
         except ValueError as exc:
             raise BenchError(str(exc)) from None
         self.layouts = tuple(check_layout(x) for x in self.layouts)
+        try:
+            self.contexts = tuple(sorted({check_context(c) for c in self.contexts})) or (0,)
+        except LayoutError as exc:
+            raise BenchError(f"--batch-contexts: {exc}") from None
         if self.drafter not in DRAFTERS:
             raise BenchError(f"unknown drafter {self.drafter!r}: expected {' or '.join(DRAFTERS)}")
         parse_rates(self.rates)
@@ -128,13 +133,14 @@ def _one(spec: str, tables: list[ReplayTable], batch: int, pricer: Pricer, study
 
 def run_study(tables_by_split: dict[str, list[ReplayTable]], costs: BatchCosts, profile: str, study: BatchStudy,
               max_new_tokens: int, progress: bool = True, workers: int | None = None) -> pd.DataFrame:
-    """Every (split, setting, B, layout) at fixed concurrency and every (split, setting, rate, layout) at the largest
-    B: one row each (``CSV_COLUMNS``). Each (split, layout) is a job of its own, run on ``workers`` processes (default:
+    """Every (split, setting, B, layout, context) at fixed concurrency and every (split, setting, rate, layout,
+    context) at the largest B: one row each (``CSV_COLUMNS``). Each (split, layout, context) is a job of its own, run on ``workers`` processes (default:
     the cores this process may use; ``DISCO_BATCH_WORKERS``; one where a table still holds its models), forked after
     the rules that read no costs have been replayed once per table (``disco.replay.batched.trace``), so every job
     shares those iterations; rows come back in job order, so the frame is the same whatever the number of workers."""
     started = time.perf_counter()
-    jobs = [(split, layout) for split, tables in tables_by_split.items() if tables for layout in study.layouts]
+    jobs = [(split, layout, context) for split, tables in tables_by_split.items() if tables
+            for layout in study.layouts for context in study.contexts]
     workers = min(len(jobs), _workers(workers)) if jobs else 1
     if any(t.builder is not None for tables in tables_by_split.values() for t in tables):
         workers = 1  # tables that may still run their models (a chain extended): never in a forked child
@@ -148,10 +154,11 @@ def run_study(tables_by_split: dict[str, list[ReplayTable]], costs: BatchCosts, 
         else:
             pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
             results = pool.map(_job, jobs)
-        for (split, layout), job_rows in zip(jobs, results):
+        for (split, layout, context), job_rows in zip(jobs, results):
             rows += job_rows
             if progress:
-                _log(f"batch: {split} {layout} done ({time.perf_counter() - started:.0f} s)")
+                at = f" at context {context}" if len(study.contexts) > 1 else ""
+                _log(f"batch: {split} {layout}{at} done ({time.perf_counter() - started:.0f} s)")
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -188,17 +195,17 @@ def _warm(tables: list[ReplayTable], study: BatchStudy, max_new: int) -> dict:
     return traces
 
 
-def _job(job: tuple[str, str]) -> list[dict]:
-    """One (split, layout): every B at fixed concurrency, then every arrival rate at the largest B."""
-    split, layout = job
+def _job(job: tuple[str, str, int]) -> list[dict]:
+    """One (split, layout, context): every B at fixed concurrency, then every arrival rate at the largest B."""
+    split, layout, context = job
     tables, study, max_new = _SHARED["tables"][split], _SHARED["study"], _SHARED["max_new"]
     traces = _SHARED["traces"][split]
-    pricer = Pricer(_SHARED["costs"], layout)
+    pricer = Pricer(_SHARED["costs"], layout, context)
     slo = _slo(tables, pricer, study, max_new, traces)
     rows: list[dict] = []
     for batch in study.batches:
         rows += _points(tables, pricer, study, max_new, batch, None, "closed", slo,
-                        dict(split=split, layout=layout, batch=batch), traces)
+                        dict(split=split, layout=layout, context=context, batch=batch), traces)
     cap = study.batches[-1]
     if study.rates:
         base = _one(BASELINE, tables, cap, pricer, study, max_new, traces=traces)
@@ -207,7 +214,7 @@ def _job(job: tuple[str, str]) -> list[dict]:
         for label, value, relative in parse_rates(study.rates):
             rate = value * saturated if relative else value
             rows += _points(tables, pricer, study, max_new, cap, rate, label, slo,
-                            dict(split=split, layout=layout, batch=cap), traces)
+                            dict(split=split, layout=layout, context=context, batch=cap), traces)
     return rows
 
 

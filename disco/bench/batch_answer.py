@@ -1,13 +1,19 @@
 """The batch-size study's answer (``disco.bench.batch``'s rows -> per-B choices, schedules, markdown).
 
 "Near-optimal" is fixed before any run: a setting is near-optimal at a batch size when its test-split speed-up is at
-least ``NEAR`` (95 %) of the best static K's and of the best threshold's, each chosen on the train split. Settings to
-take away are written per layout as a schedule in each engine's own words:
+least ``NEAR`` (95 %) of the best static K's and of the best threshold's, each chosen on the train split. The answer
+is per (layout, cached context, B). Settings to take away are written per layout (and per context where the study
+had several) as a schedule in each engine's own words; a batch size between two measured ones takes the K of the
+measured one below it:
 
-* vLLM: ``num_speculative_tokens_per_batch_size`` (PR #32374; its exact shape could not be read in our stored copy of
-  vLLM's source, so we write the mapping batch size -> K the PR describes and say so), and the long-standing
-  ``disable_by_batch_size`` (speculation off from that many running requests) where no speculation pays;
-* TensorRT-LLM: ``draft_len_schedule`` (batch-size threshold -> draft length; PRs #8194, #10860, #12262: same caveat);
+* vLLM: ``num_speculative_tokens_per_batch_size``, a list of ``[bs_lo, bs_hi, K]`` ranges (PR #32374; the scheduler
+  indexes its lookup by the number of scheduled requests and clamps each K to ``num_speculative_tokens``, which we
+  set to the schedule's largest K); K 0 turns speculation off in a range (V1 has no ``disable_by_batch_size``). Over
+  several contexts, also the five-item ``[bs_lo, bs_hi, ctx_lo, ctx_hi, K]`` entries of the open PR #48944 (RFC
+  #48627), with our cached context as ``ctx``;
+* TensorRT-LLM: ``draft_len_schedule``, batch-size thresholds -> draft length ("from this batch size on"), which
+  must give batch size 1 the configured ``max_draft_len``: a schedule whose K rises after B = 1 cannot be written
+  exactly, so later entries are capped at B = 1's K and the cap is said (``note``);
 * SGLang: ``--speculative-adaptive`` takes no schedule (it adapts its own depth), so the schedule cannot be expressed;
   its shared-state rule is raced as ``sglang:3`` instead;
 * a τ schedule (threshold by batch size) has no engine format yet (vLLM's confidence threshold, PR #35301, is open).
@@ -23,7 +29,7 @@ import pandas as pd
 from disco.bench.batch import BASELINE, REFERENCE
 
 NEAR = 0.95
-ANSWER_COLUMNS = ["layout", "batch", "best_static", "best_static_speedup", "best_threshold", "best_threshold_speedup",
+ANSWER_COLUMNS = ["layout", "context", "batch", "best_static", "best_static_speedup", "best_threshold", "best_threshold_speedup",
                   "reference_speedup", "reference_share_of_static", "reference_share_of_threshold", "reference_near",
                   "batchstop_speedup", "sglang_speedup", "free_reference_speedup", "best_dynamic", "best_dynamic_speedup",
                   "speculation_pays"]
@@ -43,19 +49,24 @@ def _test(frame: pd.DataFrame, spec: str | None) -> float:
     return float(hit.iloc[0]) if len(hit) else math.nan
 
 
+def with_context(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with a ``context`` column (0 for rows written before the study had one)."""
+    return rows if "context" in rows.columns else rows.assign(context=0)
+
+
 def answer(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per (layout, B): choices on train, figures on test (closed loop)."""
-    closed = rows[rows["arrival"] == "closed"]
+    """One row per (layout, context, B): choices on train, figures on test (closed loop)."""
+    closed = with_context(rows[rows["arrival"] == "closed"])
     has_train = (closed["split"] == "train").any()
     out = []
-    for (layout, batch), group in closed.groupby(["layout", "batch"], sort=True):
+    for (layout, context, batch), group in closed.groupby(["layout", "context", "batch"], sort=True):
         train = group[group["split"] == ("train" if has_train else group["split"].iloc[0])]
         test = group[group["split"] == ("test" if (group["split"] == "test").any() else train["split"].iloc[0])]
         static, threshold = _best(train, ("static",)), _best(train, ("threshold",))
         dynamic = _best(train, tuple(k for k in train["kind"].unique() if k not in ("static", BASELINE)))
         s, t, r = _test(test, static), _test(test, threshold), _test(test, REFERENCE)
         drafting = _best(train, tuple(k for k in train["kind"].unique() if k != BASELINE))
-        out.append({"layout": layout, "batch": int(batch), "best_static": static, "best_static_speedup": s,
+        out.append({"layout": layout, "context": int(context), "batch": int(batch), "best_static": static, "best_static_speedup": s,
                     "best_threshold": threshold, "best_threshold_speedup": t, "reference_speedup": r,
                     "reference_share_of_static": r / s if s else math.nan,
                     "reference_share_of_threshold": r / t if t else math.nan,
@@ -69,10 +80,20 @@ def answer(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=ANSWER_COLUMNS)
 
 
-def no_speculation_from(ans: pd.DataFrame, layout: str, column: str = "speculation_pays") -> int | None:
+def _part(ans: pd.DataFrame, layout: str, context: int | None = None) -> pd.DataFrame:
+    """The answer's rows of one layout at one context (default: the smallest the answer has)."""
+    ans = with_context(ans)
+    rows = ans[ans["layout"] == layout]
+    if rows.empty:
+        return rows
+    return rows[rows["context"] == (rows["context"].min() if context is None else context)].sort_values("batch")
+
+
+def no_speculation_from(ans: pd.DataFrame, layout: str, column: str = "speculation_pays",
+                        context: int | None = None) -> int | None:
     """The smallest batch size from which (at every larger measured B too) no drafting setting beats the target
-    (``column`` static_pays: no static K does)."""
-    rows = ans[ans["layout"] == layout].sort_values("batch")
+    (``column`` static_pays: no static K does), at one context (default: the smallest)."""
+    rows = _part(ans, layout, context)
     pays = list(zip(rows["batch"], rows[column]))
     for i, (batch, _) in enumerate(pays):
         if not any(p for _, p in pays[i:]):
@@ -80,22 +101,82 @@ def no_speculation_from(ans: pd.DataFrame, layout: str, column: str = "speculati
     return None
 
 
-def schedules(ans: pd.DataFrame, layout: str) -> dict:
-    """The best static K and threshold per batch size as each engine's schedule (module docstring): K 0 where no
-    static K beats the target alone at that B, and vLLM's ``disable_by_batch_size`` from where none does at any
-    larger B either."""
-    rows = ans[ans["layout"] == layout].sort_values("batch").assign(
-        static_pays=lambda a: a["best_static_speedup"] > 1.0)
-    ks = {int(b): int(s.split(":")[1]) if isinstance(s, str) and p else 0
-          for b, s, p in zip(rows["batch"], rows["best_static"], rows["static_pays"])}
-    off = no_speculation_from(rows, layout, "static_pays")
+def _ranges(ks: dict[int, int]) -> list[list[int]]:
+    """``[[lo, hi, K], ...]``: each measured B's K from that B up to the next measured B - 1 (the last: up to itself),
+    neighbouring ranges with one K merged."""
+    out: list[list[int]] = []
+    bs = sorted(ks)
+    for i, b in enumerate(bs):
+        hi = bs[i + 1] - 1 if i + 1 < len(bs) else b
+        if out and out[-1][2] == ks[b]:
+            out[-1][1] = hi
+        else:
+            out.append([b, hi, ks[b]])
+    return out
+
+
+def _tensorrt(ks: dict[int, int]) -> dict:
+    """TensorRT-LLM's ``max_draft_len`` and ``draft_len_schedule`` (thresholds where K changes) for a K per B."""
+    first = ks[min(ks)]
+    if first == 0:
+        return {"note": "no static K beats the target alone at the smallest measured batch size: leave speculation off"}
+    schedule, capped, last = {}, [], None
+    for b in sorted(ks):
+        k = min(ks[b], first)
+        if ks[b] > first:
+            capped.append(b)
+        if k != last:
+            schedule[str(1 if not schedule else b)] = k
+            last = k
+    out: dict = {"max_draft_len": first, "draft_len_schedule": schedule}
+    notes = []
+    if min(ks) != 1:
+        notes.append(f"batch size 1 was not measured: its entry is B = {min(ks)}'s K")
+    if capped:
+        notes.append(f"not expressible exactly: batch size 1's draft length must be max_draft_len ({first}), so B = "
+                     f"{', '.join(map(str, capped))} (best K above {first}) are capped at {first}")
+    if notes:
+        out["note"] = "; ".join(notes)
+    return out
+
+
+def _static_ks(rows: pd.DataFrame) -> dict[int, int]:
+    """The best static K per batch size, 0 where no static K beats the target alone."""
+    return {int(b): int(s.split(":")[1]) if isinstance(s, str) and p > 1.0 else 0
+            for b, s, p in zip(rows["batch"], rows["best_static"], rows["best_static_speedup"])}
+
+
+def schedules(ans: pd.DataFrame, layout: str, context: int | None = None) -> dict:
+    """The best static K and threshold per batch size at one cached context (default: the smallest) as each engine's
+    schedule (module docstring): K 0 where no static K beats the target alone at that B."""
+    rows = _part(ans, layout, context)
+    ks = _static_ks(rows)
     taus = {int(b): float(s.split(":")[1]) for b, s in zip(rows["batch"], rows["best_threshold"]) if isinstance(s, str)}
-    vllm: dict = {"num_speculative_tokens_per_batch_size": {str(b): k for b, k in ks.items()}}
-    if off is not None:
-        vllm["disable_by_batch_size"] = off
-    return {"vllm": vllm, "tensorrt_llm": {"draft_len_schedule": {str(b): k for b, k in ks.items()}},
+    vllm: dict = {"num_speculative_tokens": max(ks.values(), default=0),
+                  "num_speculative_tokens_per_batch_size": _ranges(ks)}
+    if not vllm["num_speculative_tokens"]:
+        vllm = {"note": "no static K beats the target alone at any measured batch size: leave speculation off"}
+    return {"vllm": vllm, "tensorrt_llm": _tensorrt(ks) if ks else {},
             "sglang": "not expressible: --speculative-adaptive adapts its own depth and takes no schedule",
-            "threshold_by_batch_size": {str(b): t for b, t in taus.items()}}
+            "threshold_by_batch_size": {str(b): t for b, t in taus.items()},
+            "batch_sizes_beyond": f"unmeasured past B = {max(ks, default=0)} (the last range ends there)"}
+
+
+def schedules_by_context(ans: pd.DataFrame, layout: str) -> dict:
+    """Every context's schedules, and vLLM's batch x context form of PR #48944 (open): ``[bs_lo, bs_hi, ctx_lo,
+    ctx_hi, K]``, each measured context from itself to the next one - 1 (the last: up to itself)."""
+    contexts = sorted(int(c) for c in with_context(ans).loc[lambda a: a["layout"] == layout, "context"].unique())
+    if len(contexts) <= 1:
+        return schedules(ans, layout)
+    entries = []
+    for i, c in enumerate(contexts):
+        hi = contexts[i + 1] - 1 if i + 1 < len(contexts) else c
+        entries += [[lo, bhi, c, hi, k] for lo, bhi, k in _ranges(_static_ks(_part(ans, layout, c)))]
+    return {"by_context": {str(c): schedules(ans, layout, c) for c in contexts},
+            "vllm_batch_x_context": {"num_speculative_tokens": max((e[4] for e in entries), default=0),
+                                     "num_speculative_tokens_per_batch_size": entries,
+                                     "note": "five-item entries of vLLM PR #48944 (open, RFC #48627); ctx is the "
+                                             "tokens cached before the prompt in this study"}}
 
 
 def _f(x: float, pct: bool = False) -> str:
@@ -110,9 +191,11 @@ def markdown(rows: pd.DataFrame, ans: pd.DataFrame, label: str, command: str) ->
              f"Settings chosen on the train prompts, speed-ups (throughput over the target alone's at the same B and "
              f"layout, steady-state window) on the test prompts. Near-optimal (fixed before the run): at least "
              f"{100 * NEAR:.0f} % of the best static K's and of the best threshold's test speed-up.", ""]
-    for layout in ans["layout"].unique():
-        part = ans[ans["layout"] == layout]
-        lines += [f"## Layout `{layout}`", "",
+    ans = with_context(ans)
+    several = ans["context"].nunique() > 1
+    for (layout, context), part in ans.groupby(["layout", "context"], sort=False):
+        at = f", {context} tokens cached before each prompt" if several else ""
+        lines += [f"## Layout `{layout}`{at}", "",
                   "| B | best static K | speed-up | best threshold | speed-up | τ 0.4 / 20 | share of static | share of "
                   "threshold | batch stop | SGLang shared | τ 0.4 / 20, free | best dynamic |", "|" + "---|" * 12]
         for _, a in part.iterrows():
@@ -122,12 +205,15 @@ def markdown(rows: pd.DataFrame, ans: pd.DataFrame, label: str, command: str) ->
                          f"{_f(a.batchstop_speedup)} | {_f(a.sglang_speedup)} | {_f(a.free_reference_speedup)} | "
                          f"{a.best_dynamic} "
                          f"{_f(a.best_dynamic_speedup)} |")
-        off = no_speculation_from(ans, layout)
+        off = no_speculation_from(ans, layout, context=context)
         static_off = no_speculation_from(part.assign(static_pays=part["best_static_speedup"] > 1.0), layout,
-                                         "static_pays")
+                                         "static_pays", context)
         lines += ["", f"No speculation pays from B = {off}." if off else "Some speculation pays at every measured B.",
                   f"No static K pays from B = {static_off}." if static_off else "A static K pays at every measured B.",
-                  "", "Schedules to take away:", "", "```json", json.dumps(schedules(ans, layout), indent=1), "```", ""]
+                  "", "Schedules to take away:", "", "```json", json.dumps(schedules(ans, layout, context), indent=1),
+                  "```", ""]
+    if several:
+        lines += by_context_markdown(ans)
     open_loop = rows[(rows["arrival"] != "closed") & (rows["split"] == rows["split"].iloc[-1])]
     if not open_loop.empty:
         lines += ["## Poisson arrivals (largest B as the slot cap)", "",
@@ -140,20 +226,49 @@ def markdown(rows: pd.DataFrame, ans: pd.DataFrame, label: str, command: str) ->
     return "\n".join(lines) + "\n"
 
 
+def by_context_markdown(ans: pd.DataFrame) -> list[str]:
+    """Per layout, the best static K and τ 0.4 / 20's speed-up at each cached context, side by side (RFC #48627's
+    question: does the context change the answer?), and vLLM's batch x context schedule."""
+    lines = ["## By context length", "",
+             "Each context: tokens every sequence holds cached before its prompt (a prefix cached before the request "
+             "came: every pass reads it, none prefills it); acceptance stays the tables'. Best static K (test speed-up) "
+             "and τ 0.4 / 20's speed-up per batch size.", ""]
+    contexts = sorted(ans["context"].unique())
+    for layout in ans["layout"].unique():
+        part = ans[ans["layout"] == layout]
+        lines += [f"### Layout `{layout}`", "", "| B | " + " | ".join(f"context {c}" for c in contexts) + " |",
+                  "|---|" + "---|" * len(contexts)]
+        for batch in sorted(part["batch"].unique()):
+            cells = []
+            for c in contexts:
+                hit = part[(part["batch"] == batch) & (part["context"] == c)]
+                a = hit.iloc[0] if len(hit) else None
+                cells.append("-" if a is None else f"{a.best_static} {_f(a.best_static_speedup)}, τ 0.4 / 20 "
+                                                   f"{_f(a.reference_speedup)}")
+            lines.append(f"| {batch} | " + " | ".join(cells) + " |")
+        changed = [int(b) for b, g in part.groupby("batch") if g["best_static"].nunique() > 1]
+        lines += ["", f"The best static K changes with the context at B = {', '.join(map(str, changed))}."
+                  if changed else "The best static K is the same at every context.", "",
+                  "vLLM, batch x context (PR #48944, open):", "", "```json",
+                  json.dumps(schedules_by_context(ans, layout)["vllm_batch_x_context"], indent=1), "```", ""]
+    return lines
+
+
 def heatmaps(rows: pd.DataFrame, label: str):
-    """Test-split speed-up as heatmaps, one row per layout: batch size x static K, batch size x τ (thresholds at their
-    KMAX), labelled with the costs' source."""
+    """Test-split speed-up as heatmaps, one row per layout (and cached context where the study had several): batch
+    size x static K, batch size x τ (thresholds at their KMAX), labelled with the costs' source."""
     from plotly.subplots import make_subplots
     import plotly.graph_objects as go
 
-    closed = rows[rows["arrival"] == "closed"]
+    closed = with_context(rows[rows["arrival"] == "closed"])
     test = closed[closed["split"] == ("test" if (closed["split"] == "test").any() else closed["split"].iloc[0])]
-    layouts = list(dict.fromkeys(test["layout"]))
-    fig = make_subplots(rows=len(layouts), cols=2, vertical_spacing=0.08,
-                        subplot_titles=[f"{layout}: B x {what}" for layout in layouts for what in ("static K", "τ")])
-    for r, layout in enumerate(layouts, start=1):
+    keys = list(dict.fromkeys(zip(test["layout"], test["context"])))
+    named = {key: key[0] if test["context"].nunique() == 1 else f"{key[0]}, context {key[1]}" for key in keys}
+    fig = make_subplots(rows=len(keys), cols=2, vertical_spacing=0.3 / max(1, len(keys)),
+                        subplot_titles=[f"{named[key]}: B x {what}" for key in keys for what in ("static K", "τ")])
+    for r, (layout, context) in enumerate(keys, start=1):
         for col, kind in ((1, "static"), (2, "threshold")):
-            part = test[(test["kind"] == kind) & (test["layout"] == layout)].copy()
+            part = test[(test["kind"] == kind) & (test["layout"] == layout) & (test["context"] == context)].copy()
             if part.empty:
                 continue
             part["param"] = part["strategy"].str.split(":").str[1].astype(float)
@@ -162,7 +277,7 @@ def heatmaps(rows: pd.DataFrame, label: str):
                                      coloraxis="coloraxis", hovertemplate="B %{x}, %{y}: %{z:.2f}x<extra></extra>"),
                           row=r, col=col)
     fig.update_layout(title=f"Speed-up over the target alone per batch size, test prompts ({label})",
-                      coloraxis=dict(colorscale="RdBu", cmid=1.0), height=320 * len(layouts) + 80)
+                      coloraxis=dict(colorscale="RdBu", cmid=1.0), height=320 * len(keys) + 80)
     return fig
 
 
@@ -170,16 +285,18 @@ def band_table(answers: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Per (layout, B), the answer's spread over a roofline's band (``answers``: the answer under each model of the
     band, by its note; "nominal" first): the best static K and best τ as intervals, speculation paying or not, and
     ``flips`` where a conclusion changes inside the band."""
+    answers = {note: with_context(ans) for note, ans in answers.items()}
     nominal = answers["nominal"]
     rows = []
     for _, a in nominal.iterrows():
-        same = [ans[(ans["layout"] == a.layout) & (ans["batch"] == a.batch)].iloc[0] for ans in answers.values()]
+        same = [ans[(ans["layout"] == a.layout) & (ans["context"] == a.context) & (ans["batch"] == a.batch)].iloc[0]
+                for ans in answers.values()]
         ks = [int(s.best_static.split(":")[1]) for s in same if isinstance(s.best_static, str)]
         taus = [float(s.best_threshold.split(":")[1]) for s in same if isinstance(s.best_threshold, str)]
         pays = {bool(s.speculation_pays) for s in same}
         near = {bool(s.reference_near) for s in same}
         reference_pays = {bool(s.reference_speedup > 1.0) for s in same}
-        rows.append({"layout": a.layout, "batch": int(a.batch), "best_static": a.best_static,
+        rows.append({"layout": a.layout, "context": int(a.context), "batch": int(a.batch), "best_static": a.best_static,
                      "k_low": min(ks, default=math.nan), "k_high": max(ks, default=math.nan),
                      "best_threshold": a.best_threshold, "tau_low": min(taus, default=math.nan),
                      "tau_high": max(taus, default=math.nan),
@@ -197,10 +314,10 @@ def band_markdown(band: pd.DataFrame, label: str) -> str:
              "iteration) at each end of its stated range, and the two corners; a conclusion that changes inside the "
              "band (speculation pays or not, τ 0.4 / 20 beats the target alone or not, τ 0.4 / 20 near-optimal or "
              "not) is flagged.", "",
-             "| layout | B | best static K (band) | best τ (band) | τ 0.4 / 20 speed-up (band) | flips |",
-             "|---|---|---|---|---|---|"]
-    for _, b in band.iterrows():
-        lines.append(f"| {b.layout} | {b.batch} | {b.best_static} ({b.k_low:g}-{b.k_high:g}) | {b.best_threshold} "
+             "| layout | context | B | best static K (band) | best τ (band) | τ 0.4 / 20 speed-up (band) | flips |",
+             "|---|---|---|---|---|---|---|"]
+    for _, b in band.assign(context=band.get("context", 0)).iterrows():
+        lines.append(f"| {b.layout} | {b.context} | {b.batch} | {b.best_static} ({b.k_low:g}-{b.k_high:g}) | {b.best_threshold} "
                      f"({b.tau_low:g}-{b.tau_high:g}) | {_f(b.reference_speedup_low)}-{_f(b.reference_speedup_high)} "
                      f"| {'**yes**' if b.flips else 'no'} |")
     return "\n".join(lines) + "\n"

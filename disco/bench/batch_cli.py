@@ -28,6 +28,45 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def add_options(parser) -> None:
+    """``bench``'s batch-size options (the batched replay over the replay tables; disco.bench.batch)."""
+    g = parser.add_argument_group("batch sizes (the batched replay over the replay tables; disco.bench.batch)")
+    g.add_argument("--batch", type=options.number_list(int), default=None, metavar="B,...",
+                   help="replay the settings as B concurrent sequences under continuous batching (e.g. 1,2,4,8,16,32,64): "
+                        "writes batch.csv, batch_answer.csv, batch_schedules.json, batch.md")
+    g.add_argument("--layouts", default=None, metavar="NAME,...", help="verification layouts (default all five)")
+    g.add_argument("--arrival-rates", default=None, metavar="RATE,...",
+                   help="Poisson arrivals at the largest B: requests/s, or a share of the saturated rate as 0.8x "
+                        "(default 0.5x,0.8x,0.95x)")
+    g.add_argument("--batch-settings", default=None, metavar="SPEC,...",
+                   help="settings raced in batches (default: the target alone, static K, thresholds at KMAX 20, sglang:3, "
+                        "batchstop:20, free:threshold:0.4:20; free:SPEC drafts to the batch's depth)")
+    g.add_argument("--batch-contexts", type=options.number_list(int), default=None, metavar="C,...",
+                   help="tokens cached before each prompt (e.g. 0,4096,16384: a prefix every pass reads, none "
+                        "prefills; acceptance stays the tables'): the answer per context length (default 0)")
+    g.add_argument("--batch-requests", type=options.positive, default=0, help="requests per stream (default max(48, 6 B))")
+    g.add_argument("--batch-seeds", type=options.positive, default=3, help="seeded streams per point")
+    g.add_argument("--drafter", choices=["assistant", "head"], default="assistant",
+                   help="head: a what-if drafter that costs one target layer per token (EAGLE/MTP-like), with the "
+                        "assistant's acceptance")
+
+
+BATCH_ONLY = ("layouts", "arrival_rates", "batch_settings", "batch_contexts")
+
+
+def check_alone(args) -> None:
+    """A batch option given without ``--batch``: one line (it would do nothing)."""
+    alone = [n for n in BATCH_ONLY if getattr(args, n) is not None]
+    if alone and args.batch is None:
+        raise options.UsageError(f"--{alone[0].replace('_', '-')} goes with --batch")
+
+
 def cmd_batch(args, cfg) -> int:
     def listed(text, default):
         return tuple(x.strip() for x in text.split(",") if x.strip()) if text else tuple(default)
@@ -35,13 +74,15 @@ def cmd_batch(args, cfg) -> int:
     study = BatchStudy(batches=tuple(args.batch or BATCHES), layouts=listed(args.layouts, LAYOUTS),
                        rates=listed(args.arrival_rates, RATES),
                        settings=listed(args.batch_settings, default_settings(args.static_ks or STATIC_KS)),
-                       requests=args.batch_requests, seeds=args.batch_seeds, drafter=args.drafter)
+                       requests=args.batch_requests, seeds=args.batch_seeds, drafter=args.drafter,
+                       contexts=tuple(args.batch_contexts or (0,)))
     result = run_batch_bench(cfg, study, run_bench)
     ans = result["answer"]
     print(f"wrote {cfg.out}/: " + ", ".join(sorted(p.name for p in result["files"].values())))
     for layout in ans["layout"].unique()[:1]:
         for _, a in ans[ans["layout"] == layout].iterrows():
-            print(f"{layout} B={a.batch}: best static {a.best_static} {a.best_static_speedup:.2f}x | best threshold "
+            at = f" context {a.context}" if ans["context"].nunique() > 1 else ""
+            print(f"{layout}{at} B={a.batch}: best static {a.best_static} {a.best_static_speedup:.2f}x | best threshold "
                   f"{a.best_threshold} {a.best_threshold_speedup:.2f}x | {REFERENCE_SETTING} {a.reference_speedup:.2f}x"
                   f" | batch stop {a.batchstop_speedup:.2f}x (test split)")
     return 0
@@ -64,10 +105,14 @@ def profile_batch(args) -> int:
         if not 1 <= b <= len([x for x in args.prompts.split(",") if x.strip()]):
             raise options.UsageError(f"--live {b}: each must be between 1 and the number of --prompts")
     pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
+    if args.live and pair.engine != "llamacpp":
+        raise options.UsageError("--live decodes in one llama.cpp batch: use it with --engine llamacpp")
     rows, identity = batch_profile.measure(pair, batches, contexts, reps=args.reps)
     if args.csv:
         batch_profile.write_csv(rows, args.csv)
-    print(f"batched passes on {flags_line()} (llama.cpp {llama.kernels()}), median of {args.reps}; ms per pass")
+    runner = (f"llama.cpp {llama.kernels()}" if pair.engine == "llamacpp"
+              else f"torch {pair.dtype_name} on {pair.device_name}, {_threads()} threads")
+    print(f"batched passes on {flags_line()} ({runner}), median of {args.reps}; ms per pass")
     print("| layout | role | context | B | " + " | ".join(f"k={k}" for k in batch_profile.KS) + " |")
     print("|---|---|---|---|" + "---|" * len(batch_profile.KS))
     for key in sorted({(r["layout"], r["role"], r["context"], r["batch"]) for r in rows if r["kind"] == "step"}):

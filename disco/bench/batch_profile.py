@@ -1,7 +1,8 @@
 """``python -m disco profile --batch 1,2,4,8 [--contexts 64,256]``: what a pass over B sequences costs on this machine.
 
-For each llama.cpp multi-sequence layout (``disco.models.llama_batch``: one KV stream per sequence, or one unified
-buffer), batch size B and context C: B sequences are prefilled with C distinct tokens each (timed as one batched
+For each multi-sequence layout the pair's engine runs (llama.cpp, ``disco.models.llama_batch``: one KV stream per
+sequence, or one unified buffer; torch, ``disco.models.torch_batch``: one padded cache tensor), batch size B and
+context C: B sequences are prefilled with C distinct tokens each (timed as one batched
 prefill where it fits one ``llama_decode``, ``reps`` times on a fresh context each, as a live run's first pass is: the
 ``prefill`` rows, context 0), then a pass of k tokens per sequence (k in ``KS``) is timed ``reps`` times (median kept)
 on the target and on the assistant, the caches cropped back to C after each. The rows are the cost CSV's (role,
@@ -18,7 +19,10 @@ import time
 import numpy as np
 
 from disco.errors import BenchError
-from disco.models.llama_batch import LAYOUTS, N_BATCH, LlamaBatch, rows_match_batch_one  # noqa: F401
+from disco.models import llama_batch, torch_batch
+from disco.models.llama_batch import LAYOUTS, N_BATCH, LlamaBatch
+
+TORCH_LAYOUTS = torch_batch.LAYOUTS
 
 KS = (1, 2, 4, 8, 16)
 CONTEXTS = (64, 256)
@@ -30,16 +34,42 @@ def _log(message: str) -> None:
 
 
 def _tokens(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
-    return [int(x) for x in rng.integers(100, min(vocab, 30000), size=n)]
+    return [int(x) for x in rng.integers(min(100, vocab // 2), min(vocab, 30000), size=n)]
 
 
-def _prefilled(model, layout: str, batch: int, context: int, n_ctx_seq: int, reps: int, rng):
+class _Engine:
+    """How one engine's batched contexts are made: ``new(role, batch, layout, n_ctx_seq)``; ``limit``, the most
+    tokens one pass may feed (llama.cpp's batch; None: no limit); ``vocab``; ``same(layout, prompts, k)``, the
+    bit-identity check of ``rows_match_batch_one``."""
+
+    def __init__(self, pair):
+        self.pair = pair
+        if pair.engine == "llamacpp":
+            self.layouts, self.limit, self.vocab = LAYOUTS, N_BATCH, pair.target_model.n_vocab
+        else:
+            self.layouts, self.limit, self.vocab = TORCH_LAYOUTS, None, int(pair.target.config.vocab_size)
+
+    def new(self, role: str, batch: int, layout: str, n_ctx_seq: int):
+        if self.pair.engine == "llamacpp":
+            model = self.pair.target_model if role == "target" else self.pair.assistant_model
+            return LlamaBatch(model, batch, layout, n_ctx_seq=n_ctx_seq)
+        model = self.pair.target if role == "target" else self.pair.assistant
+        return torch_batch.TorchBatch(model, batch, self.pair.device, pad_id=self.pair.eos_ids[0])
+
+    def same(self, layout: str, prompts: list[list[int]], k: int) -> tuple[bool, float]:
+        if self.pair.engine == "llamacpp":
+            return llama_batch.rows_match_batch_one(self.pair.target_model, layout, prompts, k)
+        return torch_batch.rows_match_batch_one(self.pair.target, self.pair.device, prompts, k, self.pair.eos_ids[0])
+
+
+def _prefilled(engine: _Engine, role: str, layout: str, batch: int, context: int, n_ctx_seq: int, reps: int, rng):
     """A context whose B sequences hold ``context`` distinct tokens each, and the prefill's ms where it fits one
-    ``llama_decode`` (else None): timed ``reps`` times, each on a fresh context as a live run's first pass is (the
-    first decode of a context allocates its buffers), median kept; the last context is returned for the steps."""
-    prompts = {s: _tokens(rng, context, model.n_vocab) for s in range(batch)}
-    if batch * context > 2048:
-        ctx = LlamaBatch(model, batch, layout, n_ctx_seq=n_ctx_seq)
+    pass (llama.cpp: one ``llama_decode``; else None): timed ``reps`` times, each on a fresh context as a live run's
+    first pass is (the first decode of a context allocates its buffers), median kept; the last context is returned
+    for the steps."""
+    prompts = {s: _tokens(rng, context, engine.vocab) for s in range(batch)}
+    if engine.limit is not None and batch * context > engine.limit:
+        ctx = engine.new(role, batch, layout, n_ctx_seq)
         for s in range(batch):
             ctx.forward({s: prompts[s]})
         return ctx, None
@@ -47,16 +77,16 @@ def _prefilled(model, layout: str, batch: int, context: int, n_ctx_seq: int, rep
     for _ in range(max(1, reps)):
         if ctx is not None:
             ctx.close()
-        ctx = LlamaBatch(model, batch, layout, n_ctx_seq=n_ctx_seq)
+        ctx = engine.new(role, batch, layout, n_ctx_seq)
         _, ms = ctx.forward(prompts)
         times.append(ms)
     return ctx, statistics.median(times)
 
 
-def _measure_model(model, role: str, precision: str, layout: str, batch: int, context: int, ks, reps: int,
+def _measure_model(engine: _Engine, role: str, precision: str, layout: str, batch: int, context: int, ks, reps: int,
                    rng) -> list[dict]:
     rows = []
-    ctx, prefill_ms = _prefilled(model, layout, batch, context, context + max(ks) + 8, reps, rng)
+    ctx, prefill_ms = _prefilled(engine, role, layout, batch, context, context + max(ks) + 8, reps, rng)
     try:
         if prefill_ms is not None:
             rows.append(dict(role=role, precision=precision, kind="prefill", tokens=context, ms=prefill_ms,
@@ -64,7 +94,7 @@ def _measure_model(model, role: str, precision: str, layout: str, batch: int, co
         for k in ks:
             times = []
             for _ in range(reps):
-                _, ms = ctx.forward({s: _tokens(rng, k, model.n_vocab) for s in range(batch)}, {s: k for s in range(batch)})
+                _, ms = ctx.forward({s: _tokens(rng, k, engine.vocab) for s in range(batch)}, {s: k for s in range(batch)})
                 times.append(ms)
                 for s in range(batch):
                     ctx.crop(s, context)
@@ -75,28 +105,32 @@ def _measure_model(model, role: str, precision: str, layout: str, batch: int, co
     return rows
 
 
-def measure(pair, batches, contexts=CONTEXTS, ks=KS, layouts=LAYOUTS, reps: int = 3, seed: int = 0,
+def measure(pair, batches, contexts=CONTEXTS, ks=KS, layouts=None, reps: int = 3, seed: int = 0,
             progress: bool = True) -> tuple[list[dict], dict]:
-    """Batched pass costs of a llama.cpp pair (rows above) and, per layout, (bit-identical?, largest logit difference)."""
-    if getattr(pair, "engine", None) != "llamacpp":
-        raise BenchError("profile --batch measures llama.cpp's multi-sequence passes: load the pair with --engine "
-                         "llamacpp (the torch engine's batched passes are not measured yet)")
+    """Batched pass costs of a pair (rows above) in ``layouts`` (default: every layout its engine runs) and, per
+    layout, (bit-identical?, largest logit difference)."""
+    engine = _Engine(pair)
+    layouts = tuple(layouts or engine.layouts)
+    unknown = [x for x in layouts if x not in engine.layouts]
+    if unknown:
+        raise BenchError(f"the {pair.engine} engine has no batch layout {unknown[0]!r}: it runs "
+                         f"{', '.join(engine.layouts)}")
     rng = np.random.default_rng(seed)
     rows: list[dict] = []
     start = time.perf_counter()
     for layout in layouts:
         for batch in batches:
             for context in contexts:
-                for role, model in (("target", pair.target_model), ("assistant", pair.assistant_model)):
-                    rows += _measure_model(model, role, pair.assistant_precision if role == "assistant" else "model",
+                for role in ("target", "assistant"):
+                    rows += _measure_model(engine, role, pair.assistant_precision if role == "assistant" else "model",
                                            layout, batch, context, ks, reps, rng)
                 if progress:
                     _log(f"profile --batch: {layout} B={batch} context {context} done "
                          f"({time.perf_counter() - start:.0f} s)")
     identity = {}
-    prompts = [_tokens(rng, 24 + 9 * s, pair.target_model.n_vocab) for s in range(max(2, min(4, max(batches))))]
+    prompts = [_tokens(rng, 24 + 9 * s, engine.vocab) for s in range(max(2, min(4, max(batches))))]
     for layout in layouts:
-        identity[layout] = rows_match_batch_one(pair.target_model, layout, prompts, 4)
+        identity[layout] = engine.same(layout, prompts, 4)
     return rows, identity
 
 

@@ -12,13 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from disco import cache
 from disco.bench.batch import BatchStudy, run_study
-from disco.bench.batch_answer import answer, band_markdown, band_table, heatmaps, markdown, schedules
+from disco.bench.batch_answer import answer, band_markdown, band_table, heatmaps, markdown, schedules_by_context
 from disco.costs import model as cost_model
 from disco.costs import profile as profiles
 from disco.costs import roofline_fit
-from disco.costs.batched import resolve_batched, with_drafter
+from disco.costs.batched import context_note, resolve_batched, with_drafter
 from disco.decode import acceptance
 from disco.decode.trace import iterations_frame
 from disco.policies import parse_strategy
@@ -90,26 +92,50 @@ def run_batch_bench(cfg, study: BatchStudy, run_bench) -> dict:
     if not by_split["train"] or not by_split["test"]:
         by_split = {"all": list(tables.values())}
         _log("batch: fewer than two prompts per split; choosing and reporting on the same prompts")
+    note = context_note(costs, study.contexts) if study.contexts != (0,) else None
+    if note:
+        _log(f"batch: --batch-contexts: {note}")
     start = time.perf_counter()
     rows = run_study(by_split, costs, profile, study, cfg.max_new_tokens, cfg.progress)
     ans = answer(rows)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {"batch": out / "batch.csv", "answer": out / "batch_answer.csv", "schedules": out / "batch_schedules.json",
-             "markdown": out / "batch.md"}
-    rows.to_csv(files["batch"], index=False)
-    ans.to_csv(files["answer"], index=False)
-    takeaway = {layout: schedules(ans, layout) for layout in ans["layout"].unique()}
-    takeaway["vllm_synthetic_acceptance"] = synthetic_acceptance(ans, by_split, cfg.max_new_tokens)
-    files["schedules"].write_text(json.dumps(takeaway, indent=1) + "\n")
-    files["markdown"].write_text(markdown(rows, ans, costs.label, cfg.command))
-    files["heatmaps"] = out / "batch_heatmaps.html"
-    heatmaps(rows, costs.label).write_html(files["heatmaps"], include_plotlyjs="directory")
-    if profile.startswith("roofline:") and study.band:
-        files["band"] = out / "batch_band.csv"
-        band = _band(profile, by_split, study, cfg)
-        band.to_csv(files["band"], index=False)
-        with open(files["markdown"], "a", encoding="utf-8") as fh:
-            fh.write("\n" + band_markdown(band, costs.label))
+    acceptance = synthetic_acceptance(ans, by_split, cfg.max_new_tokens)
+    band = _band(profile, by_split, study, cfg) if profile.startswith("roofline:") and study.band else None
+    files = write_batch_reports(Path(cfg.out), rows, ans, costs.label, cfg.command, acceptance, band)
     _log(f"batch: {len(rows)} points in {time.perf_counter() - start:.1f} s under {costs.label} (models not loaded)")
     return {"files": files, "answer": ans, "rows": rows}
+
+
+def write_batch_reports(out: Path, rows, ans, label: str, command: str, acceptance: dict, band=None) -> dict:
+    """The study's files in ``out`` (module docstring) from its rows and answer; ``band``: the roofline band's table."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {"batch": out / "batch.csv", "answer": out / "batch_answer.csv", "schedules": out / "batch_schedules.json",
+             "markdown": out / "batch.md", "heatmaps": out / "batch_heatmaps.html"}
+    rows.to_csv(files["batch"], index=False)
+    ans.to_csv(files["answer"], index=False)
+    takeaway = {layout: schedules_by_context(ans, layout) for layout in ans["layout"].unique()}
+    takeaway["vllm_synthetic_acceptance"] = acceptance
+    files["schedules"].write_text(json.dumps(takeaway, indent=1) + "\n")
+    text = markdown(rows, ans, label, command)
+    heatmaps(rows, label).write_html(files["heatmaps"], include_plotlyjs="directory")
+    if band is not None:
+        files["band"] = out / "batch_band.csv"
+        band.to_csv(files["band"], index=False)
+        text += "\n" + band_markdown(band, label)
+    files["markdown"].write_text(text)
+    return files
+
+
+def rewrite_batch_reports(out: Path) -> dict:
+    """``bench --report-only`` on a batch study's folder: its answer, schedules, markdown and heatmaps rebuilt from its
+    ``batch.csv`` (and ``batch_band.csv``, the command in ``batch.md``, the synthetic acceptance in
+    ``batch_schedules.json``); no table or model is read."""
+    try:
+        rows = pd.read_csv(out / "batch.csv")
+        command = next((line.split("`")[1] for line in (out / "batch.md").read_text().splitlines()
+                        if line.startswith("Command: `")), "")
+        acceptance = json.loads((out / "batch_schedules.json").read_text()).get("vllm_synthetic_acceptance", {})
+        band = pd.read_csv(out / "batch_band.csv") if (out / "batch_band.csv").exists() else None
+    except (OSError, ValueError, IndexError) as exc:
+        raise BenchError(f"--report-only needs batch.csv, batch.md and batch_schedules.json in {out}: {exc}") from None
+    label = str(rows["label"].iloc[0]) if "label" in rows.columns and len(rows) else "?"
+    return write_batch_reports(out, rows, answer(rows), label, command, acceptance, band)

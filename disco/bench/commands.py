@@ -11,13 +11,13 @@ import os
 import sys
 from pathlib import Path
 
-from disco import options
+from disco import options, suites
+from disco.bench import batch_cli
 from disco.bench.analysis import REFERENCE_SETTING
 from disco.bench.run import BenchConfig, run_bench
 from disco.tables import cluster, fitting as prompt_fit
 from disco.costs.profile import DEFAULT_PROMPTS, DEFAULT_TOKENS
 from disco.errors import BenchError, InputError
-from disco import suites
 from disco.machine import flags_line
 from disco.models import llama, load_resolved
 from disco.policies import KMAXES, STATIC_KS, TAUS, parse_strategy
@@ -92,25 +92,9 @@ def add_bench(sub) -> None:
                         "(rows ENGINE:autoregressive), so one run compares the two engines")
     p.add_argument("--threads", type=options.positive, default=None, help="torch intra-op threads")
     p.add_argument("--no-progress", action="store_true")
-    g = p.add_argument_group("batch sizes (the batched replay over the replay tables; disco.bench.batch)")
-    g.add_argument("--batch", type=options.number_list(int), default=None, metavar="B,...",
-                   help="replay the settings as B concurrent sequences under continuous batching (e.g. 1,2,4,8,16,32,64): "
-                        "writes batch.csv, batch_answer.csv, batch_schedules.json, batch.md")
-    g.add_argument("--layouts", default=None, metavar="NAME,...",
-                   help="verification layouts (default all: padded-k, padded-max, graph, ragged, llama-split)")
-    g.add_argument("--arrival-rates", default=None, metavar="RATE,...",
-                   help="Poisson arrivals at the largest B: requests/s, or a share of the saturated rate as 0.8x "
-                        "(default 0.5x,0.8x,0.95x)")
-    g.add_argument("--batch-settings", default=None, metavar="SPEC,...",
-                   help="settings raced in batches (default: the target alone, static K, thresholds at KMAX 20, sglang:3, "
-                        "batchstop:20, free:threshold:0.4:20; free:SPEC drafts to the batch's depth)")
-    g.add_argument("--batch-requests", type=options.positive, default=0, help="requests per stream (default max(48, 6 B))")
-    g.add_argument("--batch-seeds", type=options.positive, default=3, help="seeded request streams per point")
-    g.add_argument("--drafter", choices=["assistant", "head"], default="assistant",
-                   help="head: a what-if drafter that costs one target layer per token (EAGLE/MTP-like), with the "
-                        "assistant's acceptance")
+    batch_cli.add_options(p)
     p.add_argument("--report-only", action="store_true",
-                   help="rebuild summary.csv/md, heatmaps, theory, validation from OUT/runs.csv and meta.json")
+                   help="rebuild the reports from OUT/runs.csv and meta.json (a batch study's from OUT/batch.csv)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -167,14 +151,17 @@ def _env_prefix() -> str:
 def cmd_bench(args) -> int:
     argv = args.argv
     cfg = config_from_args(args, argv)
+    batch_cli.check_alone(args)
     if args.batch is not None:
-        from disco.bench.batch_cli import cmd_batch
-
-        return cmd_batch(args, cfg)
+        return batch_cli.cmd_batch(args, cfg)
     if args.report_only:
+        from disco.bench.batch_run import rewrite_batch_reports
         from disco.bench.report import report_only
 
-        report_only(cfg.out)
+        if (cfg.out / "runs.csv").exists() or not (cfg.out / "batch.csv").exists():
+            report_only(cfg.out)
+        if (cfg.out / "batch.csv").exists():  # a batch study's folder: its reports too
+            rewrite_batch_reports(cfg.out)
         print(f"rewrote the reports in {cfg.out}/")
         return 0
     import torch
@@ -232,8 +219,9 @@ def add_profile(sub) -> None:
                    help="with --kernels: also price every CPU variant of llama.cpp's kernels built here that this CPU "
                         "runs (about 40 s each, not cached; DISCO_LLAMA_CPU_VARIANT picks the one the app runs)")
     p.add_argument("--batch", type=options.number_list(int), default=None, metavar="B,...",
-                   help="llama.cpp engine: measure passes over B sequences x k tokens (k 1-16) on the target and the "
-                        "assistant in both multi-sequence layouts, and whether rows stay bit-identical to batch 1; "
+                   help="measure passes over B sequences x k tokens (k 1-16) on the target and the assistant in each "
+                        "multi-sequence layout of the engine (llama.cpp: streams and unified; torch: padded), and "
+                        "whether rows stay bit-identical to batch 1; "
                         "--csv writes them with batch, context and layout columns (a --cost-profile for bench --batch)")
     p.add_argument("--contexts", type=options.number_list(int), default=None, metavar="C,...",
                    help="with --batch: cached tokens per sequence before each pass (default 64,256)")
@@ -241,7 +229,7 @@ def add_profile(sub) -> None:
                    help="fit roofline:this to the passes of a profile --batch CSV and report its error on passes it did "
                         "not see (small to large, one context to another, target to assistant); no model is loaded")
     p.add_argument("--live", type=options.number_list(int), default=None, metavar="B,...",
-                   help="with --batch: then decode B of --prompts in one llama.cpp batch (target alone, static:4, "
+                   help="with --batch, llama.cpp engine: then decode B of --prompts in one batch (target alone, static:4, "
                         "threshold:0.4:20; --reps times) and set the batched replay's prediction beside it")
     p.set_defaults(func=cmd_profile)
 
@@ -310,13 +298,9 @@ def cmd_profile(args) -> int:
     if (args.contexts or args.live) and not args.batch:
         raise options.UsageError("--contexts and --live go with --batch")
     if args.fit_roofline:
-        from disco.bench.batch_cli import fit_roofline
-
-        return fit_roofline(args.fit_roofline)
+        return batch_cli.fit_roofline(args.fit_roofline)
     if args.batch:
-        from disco.bench.batch_cli import profile_batch
-
-        return profile_batch(args)
+        return batch_cli.profile_batch(args)
     pair = load_resolved(args.models, args.dtype, args.device, args.assistant_precision, log=_log, engine=args.engine)
     if args.kernels and getattr(pair, "engine", None) != "llamacpp":
         raise InputError("--kernels prices llama.cpp's kernels: use it with --engine llamacpp")

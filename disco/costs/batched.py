@@ -146,6 +146,20 @@ class BatchGrid:
         return self._ms("assistant", rows, contexts)
 
 
+def context_note(costs: BatchCosts, contexts: Sequence[int]) -> str | None:
+    """What a cost source says about passes at ``contexts`` cached tokens, where it is less than a model of them:
+    None for a roofline (it prices every context) and for a grid measured that far."""
+    costs = getattr(costs, "costs", costs)  # a HeadDrafter prices what its source prices
+    if isinstance(costs, (FlatBatch, TokenCurve)):
+        return f"{costs.label} prices no context: every cached context costs alike under it"
+    if isinstance(costs, BatchGrid):
+        measured = max((c for table in costs.cells.values() for (_, _, c) in table), default=0)
+        if max(contexts, default=0) > measured:
+            return (f"the measured grid reaches {measured} cached tokens: beyond it passes are extrapolated linearly in "
+                    "context (measure longer ones with profile --batch --contexts)")
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # reading a batched profile and resolving a profile name to a batched cost source
 

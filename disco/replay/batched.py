@@ -247,7 +247,7 @@ def simulate(setting: Setting | str, stream: Sequence[Request], batch: int, pric
     setting = Setting(setting) if isinstance(setting, str) else setting.fresh()
     if batch < 1:
         raise BatchReplayError(f"batch size must be >= 1, got {batch}")
-    view = batch_view(pricer.costs, batch, view_context)
+    view = batch_view(pricer.costs, batch, view_context + pricer.context)
     queue = deque(sorted(stream, key=lambda r: (r.arrival_ms, r.index)))
     active: list[_Slot] = []
     free = list(range(batch))  # slot ids; a new request takes the lowest free one, as llama-server's slots do

@@ -27,6 +27,7 @@ is ragged (each row catches up on the 1-2 tokens it has not seen, a new row on i
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -47,6 +48,17 @@ def check_layout(name: str) -> str:
     if name not in LAYOUTS:
         raise LayoutError(f"unknown layout {name!r}: expected one of {', '.join(LAYOUTS)}")
     return name
+
+
+def check_context(value) -> int:
+    """A cached context per sequence: a whole number of tokens in 0..``Pricer.MAX_CONTEXT`` (one line otherwise)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise LayoutError(f"context {value!r} is not a whole number of tokens") from None
+    if not (math.isfinite(number) and number == int(number) and 0 <= number <= Pricer.MAX_CONTEXT):
+        raise LayoutError(f"context {value!r}: expected a whole number of tokens from 0 to {Pricer.MAX_CONTEXT}")
+    return int(number)
 
 
 @dataclass(frozen=True)
@@ -137,17 +149,23 @@ def draft_passes(rows: Sequence[RowPass], layout: str = "ragged") -> list[tuple[
 
 class Pricer:
     """A batch iteration's cost under one cost source and layout, memoised on the passes' shapes (contexts rounded to
-    ``CONTEXT_STEP`` tokens, spread evenly over the rows) so a long replay prices each shape once."""
+    ``CONTEXT_STEP`` tokens, spread evenly over the rows) so a long replay prices each shape once.
+
+    ``context``: tokens every sequence already holds in both caches before its prompt (a prefix cached before the
+    request came, e.g. a long shared document or an agent's history): every pass reads them, none prefills them. It
+    asks what the decode costs at that context length; what the sequences accept stays their tables'."""
 
     CONTEXT_STEP = 16
+    MAX_CONTEXT = 1 << 20
 
-    def __init__(self, costs: BatchCosts, layout: str):
+    def __init__(self, costs: BatchCosts, layout: str, context: int = 0):
         self.costs = costs
         self.layout = check_layout(layout)
+        self.context = check_context(context)
         self._memo: dict[tuple, float] = {}
 
     def _pass(self, role: str, tokens: list[int], contexts: list[int], outputs: int) -> float:
-        mean = sum(contexts) / len(contexts)
+        mean = sum(contexts) / len(contexts) + self.context
         ctx = int(round(mean / self.CONTEXT_STEP)) * self.CONTEXT_STEP
         key = (role, tuple(sorted(tokens)), ctx, outputs)
         ms = self._memo.get(key)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from disco.bench.batch import BatchStudy, default_settings, parse_rates, run_study
-from disco.bench.batch_answer import answer, markdown, no_speculation_from, schedules
+from disco.bench.batch_answer import answer, markdown, no_speculation_from, schedules, schedules_by_context
 from disco.cli import main
 from disco.costs.batched import FlatBatch, TokenCurve, resolve_batched
 from disco.costs.model import CostModel, CostProfileError, check_profile, read_csv
@@ -49,13 +49,51 @@ def test_no_speculation_from_and_schedules():
     ans = answer(_frame(rows))
     assert no_speculation_from(ans, "ragged") == 16
     sched = schedules(ans, "ragged")
-    assert sched["vllm"]["num_speculative_tokens_per_batch_size"] == {"1": 6, "4": 2, "16": 0, "64": 0}
-    assert sched["vllm"]["disable_by_batch_size"] == 16
-    assert sched["tensorrt_llm"]["draft_len_schedule"] == {"1": 6, "4": 2, "16": 0, "64": 0}
+    # vLLM: [bs_lo, bs_hi, K] ranges, each measured B up to the next one - 1, K 0 where no static K pays
+    assert sched["vllm"] == {"num_speculative_tokens": 6,
+                             "num_speculative_tokens_per_batch_size": [[1, 3, 6], [4, 15, 2], [16, 64, 0]]}
+    # TensorRT-LLM: thresholds where the draft length changes; batch size 1 holds max_draft_len
+    assert sched["tensorrt_llm"] == {"max_draft_len": 6, "draft_len_schedule": {"1": 6, "4": 2, "16": 0}}
     assert "not expressible" in sched["sglang"]
     json.dumps(sched)
     text = markdown(_frame(rows).assign(tokens_per_s=1.0), ans, "flat:0.05", "python -m disco bench --batch 1")
     assert "No speculation pays from B = 16" in text and "flat:0.05" in text
+
+
+def test_a_schedule_whose_k_rises_after_batch_one_is_capped_for_tensorrt_and_said():
+    rows = []
+    for batch, (k2, k6) in {1: (1.4, 1.2), 2: (1.1, 1.3), 4: (1.05, 0.9)}.items():
+        for split in ("train", "test"):
+            rows += [{"split": split, "batch": batch, "strategy": "autoregressive", "speedup": 1.0},
+                     {"split": split, "batch": batch, "strategy": "static:2", "speedup": k2},
+                     {"split": split, "batch": batch, "strategy": "static:6", "speedup": k6}]
+    sched = schedules(answer(_frame(rows)), "ragged")
+    assert sched["vllm"]["num_speculative_tokens_per_batch_size"] == [[1, 1, 2], [2, 3, 6], [4, 4, 2]]
+    trt = sched["tensorrt_llm"]
+    assert trt["max_draft_len"] == 2 and trt["draft_len_schedule"] == {"1": 2}
+    assert "not expressible exactly" in trt["note"] and "B = 2" in trt["note"]
+
+
+def test_the_answer_and_schedules_by_context_length():
+    """A study over cached contexts answers per (layout, context, B) and writes vLLM's batch x context entries."""
+    rows = []
+    for context, ks in ((0, {1: (1.4, 1.6), 8: (1.2, 1.1)}), (8192, {1: (1.3, 1.9), 8: (1.1, 1.4)})):
+        for batch, (k2, k6) in ks.items():
+            for split in ("train", "test"):
+                rows += [{"split": split, "batch": batch, "context": context, "strategy": s, "speedup": v}
+                         for s, v in (("autoregressive", 1.0), ("static:2", k2), ("static:6", k6),
+                                      ("threshold:0.4:20", k2))]
+    ans = answer(_frame(rows))
+    assert list(zip(ans["context"], ans["batch"], ans["best_static"])) == [
+        (0, 1, "static:6"), (0, 8, "static:2"), (8192, 1, "static:6"), (8192, 8, "static:6")]
+    both = schedules_by_context(ans, "ragged")
+    assert both["by_context"]["0"]["vllm"]["num_speculative_tokens_per_batch_size"] == [[1, 7, 6], [8, 8, 2]]
+    assert both["vllm_batch_x_context"]["num_speculative_tokens_per_batch_size"] == [
+        [1, 7, 0, 8191, 6], [8, 8, 0, 8191, 2], [1, 8, 8192, 8192, 6]]
+    text = markdown(_frame(rows).assign(tokens_per_s=1.0), ans, "roofline:h100", "python -m disco bench --batch 1,8")
+    assert "## By context length" in text and "changes with the context at B = 8" in text
+    assert "8192 tokens cached before each prompt" in text
+    json.dumps(both)
 
 
 def test_study_runs_every_point_with_the_target_alone_as_its_baseline():
@@ -99,6 +137,8 @@ def test_bad_study_input_is_one_line(kwargs):
 
 
 @pytest.mark.parametrize("args, needle", [
+    (["--batch", "2", "--batch-contexts", "-1"], "--batch-contexts"), (["--batch-contexts", "4096"], "goes with --batch"),
+    (["--batch", "2", "--batch-contexts", "5000000"], "from 0 to"), (["--layouts", "ragged"], "goes with --batch"),
     (["--batch", "0"], "out of range"), (["--batch", "2000"], "out of range"), (["--batch", "2", "--layouts", "x"],
                                                                                "unknown layout"),
     (["--batch", "2", "--arrival-rates", "0"], "must be > 0"), (["--batch", "2", "--arrival-rates", "fast"],
@@ -156,7 +196,13 @@ def test_bench_batch_on_the_tiny_pairs_tables(tmp_path, capsys):
     for name in ("batch.csv", "batch_answer.csv", "batch_schedules.json", "batch.md", "batch_heatmaps.html"):
         assert (tmp_path / "out" / name).is_file()
     frame = pd.read_csv(tmp_path / "out" / "batch.csv")
-    assert set(frame["batch"]) == {1, 2} and set(frame["layout"]) == {"ragged"}
+    assert set(frame["batch"]) == {1, 2} and set(frame["layout"]) == {"ragged"} and set(frame["context"]) == {0}
+    # --report-only in the study's folder rebuilds its answer, schedules and markdown from batch.csv alone
+    before = {n: (tmp_path / "out" / n).read_text() for n in ("batch_answer.csv", "batch_schedules.json", "batch.md")}
+    for name in before:
+        (tmp_path / "out" / name).write_text(before[name] if name != "batch_answer.csv" else "")
+    assert main(["bench", "--report-only", "--out", str(tmp_path / "out")]) == 0
+    assert {n: (tmp_path / "out" / n).read_text() for n in before} == before
 
 
 def test_a_roofline_answer_comes_with_its_band():
@@ -239,3 +285,25 @@ def test_a_head_drafter_costs_one_target_layer_and_says_so():
         with_drafter(h100, "medusa")
     with pytest.raises(BenchError):
         BatchStudy(drafter="medusa")
+
+
+def test_a_study_over_cached_contexts_keeps_context_zero_as_it_was():
+    """``contexts``: one more axis of the study; its context-0 rows are the rows of a study without it, and a longer
+    context under a roofline makes every setting's throughput lower."""
+    from disco.costs.roofline import roofline_costs
+
+    tables = [synthetic_table(s) for s in range(4)]
+    costs = roofline_costs("roofline:h100")
+    kw = dict(batches=(1, 8), layouts=("padded-k",), rates=(), settings=("static:3", "threshold:0.4:20"),
+              requests=12, seeds=1)
+    by_split = {"train": tables[:2], "test": tables[2:]}
+    plain = run_study(by_split, costs, "roofline:h100", BatchStudy(**kw), 24, progress=False, workers=1)
+    both = run_study(by_split, costs, "roofline:h100", BatchStudy(**kw, contexts=(32768, 0)), 24, progress=False,
+                     workers=1)
+    assert sorted(both["context"].unique()) == [0, 32768]
+    zero = both[both["context"] == 0].reset_index(drop=True)
+    pd.testing.assert_frame_equal(zero, plain.reset_index(drop=True))
+    far = both[both["context"] == 32768].reset_index(drop=True)
+    assert (far["tokens_per_s"] < zero["tokens_per_s"]).all()
+    ans = answer(both)
+    assert len(ans) == 2 * 2 and set(ans["context"]) == {0, 32768}

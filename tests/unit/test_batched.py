@@ -283,3 +283,25 @@ def test_cached_iterations_give_the_same_run_as_live_stepping():
         assert cached.output == live.output
     assert not Setting("sglang:3").cacheable and not Setting("batchstop:8").cacheable
     assert not Setting("costaware:20").cacheable
+
+
+def test_a_cached_context_is_priced_on_every_pass_and_changes_nothing_else():
+    """``Pricer(context=C)``: every sequence holds C more cached tokens. Under a roofline every pass reads them (the
+    run takes longer); the schedule, the outputs and what each iteration emits stay the tables'; a source that prices
+    no context (flat:C) gives the same clock."""
+    from disco.costs.roofline import roofline_costs
+
+    tables = [synthetic_table(s) for s in range(3)]
+    stream = request_stream(tables, 6, 0)
+    costs = roofline_costs("roofline:h100")
+    near = simulate("static:3", stream, 4, Pricer(costs, "ragged"), 24)
+    far = simulate("static:3", stream, 4, Pricer(costs, "ragged", 16384), 24)
+    assert near.output == far.output
+    assert [it[1:3] for it in near.iterations] == [it[1:3] for it in far.iterations]
+    assert far.iterations[-1][0] > near.iterations[-1][0]
+    assert all(b[3] + b[4] > a[3] + a[4] for a, b in zip(near.iterations, far.iterations))
+    flat = [simulate("static:3", stream, 4, Pricer(FlatBatch(0.1), "ragged", c), 24).iterations for c in (0, 16384)]
+    assert flat[0] == flat[1]
+    for bad in (-1, 1.5, "many", float("inf"), 1 << 21):
+        with pytest.raises(LayoutError):
+            Pricer(costs, "ragged", bad)

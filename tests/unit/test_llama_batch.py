@@ -121,10 +121,3 @@ def test_profile_batch_times_each_prefill_on_fresh_contexts(gguf_tiny, monkeypat
     assert len(prefills) == 2 and len(timed) == 6
     target = sorted(timed[:3])
     assert prefills[0]["role"] == "target" and prefills[0]["ms"] == target[1]
-
-
-def test_profile_batch_refuses_the_torch_engine(tiny_pair):
-    from disco.errors import BenchError
-
-    with pytest.raises(BenchError):
-        batch_profile.measure(tiny_pair, [1])
