@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 import weakref
 from contextlib import contextmanager
 
@@ -29,6 +30,7 @@ _ACTIVE = 0                       # forward passes in flight, in any thread
 _IN_PASS: "weakref.WeakKeyDictionary[threading.Thread, int]" = weakref.WeakKeyDictionary()  # passes per thread
 _STOPPED: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads the exit stopped in or before a pass
 _IDLE = threading.Condition()
+CHECK_IN_SECONDS = 0.5  # how long the exit waits for threads between two passes to reach their next check
 UNWIND_SECONDS = 2.0  # how long the exit gives a thread it stopped mid-pass to leave its frames (a pool's never ends)
 
 
@@ -81,6 +83,22 @@ def start(target, name: str) -> threading.Thread:
     return thread
 
 
+def _check_in(me: threading.Thread) -> None:
+    """Give every thread that has run passes and was between two of them when the exit began (in torch's or
+    llama.cpp's native code outside a pass: a cache crop, a sampling op, both of which release the GIL) up to
+    ``CHECK_IN_SECONDS`` to reach its next check and so count as stopped. A decoding loop gets there in milliseconds;
+    an idle worker that ran a race earlier never does, and costs the exit this wait once, not once per thread. Without
+    it the interpreter cut such a thread off inside torch (``std::terminate``: 5 exits in 12 here, torch, a plain
+    thread)."""
+    deadline = time.monotonic() + CHECK_IN_SECONDS
+    while time.monotonic() < deadline:
+        with _IDLE:
+            pending = [t for t in _IN_PASS if t not in _STOPPED and t.is_alive() and t is not me]
+        if not pending:
+            return
+        time.sleep(0.005)
+
+
 @atexit.register
 def _stop() -> None:
     # atexit runs after the non-daemon threads have ended and before daemon threads are cut off
@@ -93,6 +111,7 @@ def _stop() -> None:
             thread.join(JOIN_SECONDS)
     with _IDLE:
         _IDLE.wait_for(lambda: _ACTIVE == 0, JOIN_SECONDS)
+    _check_in(me)
     # a thread nobody registered has left its pass but may still be unwinding (its exception, a print): give it a moment
     # to finish, so the interpreter does not cut it off inside native frames (a worker pool's thread never finishes)
     joined: set[threading.Thread] = set()

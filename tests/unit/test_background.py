@@ -95,3 +95,28 @@ def test_no_pass_starts_once_the_exit_has_begun():
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["refused", "True True"]
+
+
+def test_the_exit_waits_for_a_thread_between_two_passes_to_check_in():
+    """A thread that has run passes and is between two of them when the exit begins (in native code outside a pass:
+    a cache crop releases the GIL) must reach its next check before the interpreter goes on, or Python cuts it off
+    inside torch (``std::terminate``: 5 exits in 12 on the torch-plain test above before this). The exit waits for
+    such threads to check in (``background._check_in``); the thread here checks every millisecond."""
+    script = textwrap.dedent("""
+        import threading, time
+        from disco.models import background
+        ran = threading.Event()
+        def loop():
+            with background.in_pass():
+                ran.set()
+            while not background.exiting():  # between passes: outside in_pass, checking as a decoding loop does
+                time.sleep(0.001)
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start(); ran.wait(30)
+        background._stop()  # the exit's hook, as the interpreter runs it
+        print(thread in set(background._STOPPED), thread.is_alive(), flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines() == ["True False"]
