@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pandas as pd
 
@@ -179,6 +180,13 @@ def schedules_by_context(ans: pd.DataFrame, layout: str) -> dict:
                                              "tokens cached before the prompt in this study"}}
 
 
+def to_json(obj) -> str:
+    """``obj`` as indented JSON with every list of numbers on one line (a schedule's ranges stay readable)."""
+    text = json.dumps(obj, indent=1)
+    numbers = r"\[\s+(-?[\d.]+(?:,\s+-?[\d.]+)*)\s+\]"
+    return re.sub(numbers, lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
+
+
 def _f(x: float, pct: bool = False) -> str:
     if x != x:
         return "-"
@@ -210,7 +218,7 @@ def markdown(rows: pd.DataFrame, ans: pd.DataFrame, label: str, command: str) ->
                                          "static_pays", context)
         lines += ["", f"No speculation pays from B = {off}." if off else "Some speculation pays at every measured B.",
                   f"No static K pays from B = {static_off}." if static_off else "A static K pays at every measured B.",
-                  "", "Schedules to take away:", "", "```json", json.dumps(schedules(ans, layout, context), indent=1),
+                  "", "Schedules to take away:", "", "```json", to_json(schedules(ans, layout, context)),
                   "```", ""]
     if several:
         lines += by_context_markdown(ans)
@@ -250,7 +258,7 @@ def by_context_markdown(ans: pd.DataFrame) -> list[str]:
         lines += ["", f"The best static K changes with the context at B = {', '.join(map(str, changed))}."
                   if changed else "The best static K is the same at every context.", "",
                   "vLLM, batch x context (PR #48944, open):", "", "```json",
-                  json.dumps(schedules_by_context(ans, layout)["vllm_batch_x_context"], indent=1), "```", ""]
+                  to_json(schedules_by_context(ans, layout)["vllm_batch_x_context"]), "```", ""]
     return lines
 
 

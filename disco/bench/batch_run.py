@@ -16,7 +16,8 @@ import pandas as pd
 
 from disco import cache
 from disco.bench.batch import BatchStudy, run_study
-from disco.bench.batch_answer import answer, band_markdown, band_table, heatmaps, markdown, schedules_by_context
+from disco.bench.batch_answer import (answer, band_markdown, band_table, heatmaps, markdown, schedules_by_context,
+                                      to_json)
 from disco.costs import model as cost_model
 from disco.costs import profile as profiles
 from disco.costs import roofline_fit
@@ -114,7 +115,7 @@ def write_batch_reports(out: Path, rows, ans, label: str, command: str, acceptan
     ans.to_csv(files["answer"], index=False)
     takeaway = {layout: schedules_by_context(ans, layout) for layout in ans["layout"].unique()}
     takeaway["vllm_synthetic_acceptance"] = acceptance
-    files["schedules"].write_text(json.dumps(takeaway, indent=1) + "\n")
+    files["schedules"].write_text(to_json(takeaway) + "\n")
     text = markdown(rows, ans, label, command)
     heatmaps(rows, label).write_html(files["heatmaps"], include_plotlyjs="directory")
     if band is not None:
