@@ -102,17 +102,22 @@ def no_speculation_from(ans: pd.DataFrame, layout: str, column: str = "speculati
     return None
 
 
+def _bs_ranges(batches) -> list[tuple[int, int]]:
+    """vLLM's batch-size ranges for measured batch sizes: each from its B to the next measured B - 1, the first from
+    1 (vLLM requires it: every runtime batch size needs a K), the last up to its own B (vLLM carries the last K on)."""
+    bs = sorted(batches)
+    return [(1 if i == 0 else b, bs[i + 1] - 1 if i + 1 < len(bs) else b) for i, b in enumerate(bs)]
+
+
 def _ranges(ks: dict[int, int]) -> list[list[int]]:
-    """``[[lo, hi, K], ...]``: each measured B's K from that B up to the next measured B - 1 (the last: up to itself),
-    neighbouring ranges with one K merged."""
+    """``[[lo, hi, K], ...]`` (``_bs_ranges``), neighbouring ranges with one K merged."""
     out: list[list[int]] = []
-    bs = sorted(ks)
-    for i, b in enumerate(bs):
-        hi = bs[i + 1] - 1 if i + 1 < len(bs) else b
-        if out and out[-1][2] == ks[b]:
+    for lo, hi in _bs_ranges(ks):
+        k = ks[max(b for b in ks if b <= max(lo, min(ks)))]
+        if out and out[-1][2] == k:
             out[-1][1] = hi
         else:
-            out.append([b, hi, ks[b]])
+            out.append([lo, hi, k])
     return out
 
 
@@ -155,29 +160,53 @@ def schedules(ans: pd.DataFrame, layout: str, context: int | None = None) -> dic
     taus = {int(b): float(s.split(":")[1]) for b, s in zip(rows["batch"], rows["best_threshold"]) if isinstance(s, str)}
     vllm: dict = {"num_speculative_tokens": max(ks.values(), default=0),
                   "num_speculative_tokens_per_batch_size": _ranges(ks)}
+    if ks and min(ks) != 1:
+        vllm["note"] = f"batch size 1 was not measured: the first range starts at 1 with B = {min(ks)}'s K"
     if not vllm["num_speculative_tokens"]:
         vllm = {"note": "no static K beats the target alone at any measured batch size: leave speculation off"}
     return {"vllm": vllm, "tensorrt_llm": _tensorrt(ks) if ks else {},
             "sglang": "not expressible: --speculative-adaptive adapts its own depth and takes no schedule",
             "threshold_by_batch_size": {str(b): t for b, t in taus.items()},
-            "batch_sizes_beyond": f"unmeasured past B = {max(ks, default=0)} (the last range ends there)"}
+            "batch_sizes_beyond": f"measured up to B = {max(ks, default=0)}; both engines carry the last K on to "
+                                  "larger batch sizes"}
+
+
+CTX_INFINITY = 2**31 - 1
+
+
+def batch_x_context(ans: pd.DataFrame, layout: str) -> list[list[int]]:
+    """vLLM's five-item ``[bs_lo, bs_hi, ctx_lo, ctx_hi, K]`` entries (PR #48944, open; its validator in a stored
+    fork: batch-size ranges from 1, not overlapping; context ranges from 1, contiguous, the last to 2^31 - 1; a
+    rectangular grid, every batch range over every context range). A context range starts at a measured context (the
+    first at 1) and ends before the next; neighbouring batch ranges merge where K is the same at every context."""
+    part = with_context(ans)[lambda a: a["layout"] == layout]
+    contexts = sorted(int(c) for c in part["context"].unique())
+    ks = {c: _static_ks(_part(ans, layout, c)) for c in contexts}
+    batches = sorted(set().union(*(set(k) for k in ks.values())))
+    rows: list[list] = []  # [lo, hi, (K at each context)]
+    for lo, hi in _bs_ranges(batches):
+        column = tuple(k.get(max((b for b in k if b <= max(lo, min(k))), default=min(k)), 0) for k in ks.values())
+        if rows and rows[-1][2] == column:
+            rows[-1][1] = hi
+        else:
+            rows.append([lo, hi, column])
+    spans = [(1 if i == 0 else c, contexts[i + 1] - 1 if i + 1 < len(contexts) else CTX_INFINITY)
+             for i, c in enumerate(contexts)]
+    return [[lo, hi, clo, chi, column[j]] for lo, hi, column in rows for j, (clo, chi) in enumerate(spans)]
 
 
 def schedules_by_context(ans: pd.DataFrame, layout: str) -> dict:
-    """Every context's schedules, and vLLM's batch x context form of PR #48944 (open): ``[bs_lo, bs_hi, ctx_lo,
-    ctx_hi, K]``, each measured context from itself to the next one - 1 (the last: up to itself)."""
+    """Every context's schedules, and vLLM's batch x context form (``batch_x_context``)."""
     contexts = sorted(int(c) for c in with_context(ans).loc[lambda a: a["layout"] == layout, "context"].unique())
     if len(contexts) <= 1:
         return schedules(ans, layout)
-    entries = []
-    for i, c in enumerate(contexts):
-        hi = contexts[i + 1] - 1 if i + 1 < len(contexts) else c
-        entries += [[lo, bhi, c, hi, k] for lo, bhi, k in _ranges(_static_ks(_part(ans, layout, c)))]
+    entries = batch_x_context(ans, layout)
     return {"by_context": {str(c): schedules(ans, layout, c) for c in contexts},
             "vllm_batch_x_context": {"num_speculative_tokens": max((e[4] for e in entries), default=0),
                                      "num_speculative_tokens_per_batch_size": entries,
-                                     "note": "five-item entries of vLLM PR #48944 (open, RFC #48627); ctx is the "
-                                             "tokens cached before the prompt in this study"}}
+                                     "note": "five-item entries of vLLM PR #48944 (open, RFC #48627). vLLM's ctx is "
+                                             "a request's whole context; here ctx_lo is the prefix cached before the "
+                                             "prompt (the suite's prompts and outputs add a few hundred tokens)"}}
 
 
 def to_json(obj) -> str:
@@ -202,7 +231,7 @@ def markdown(rows: pd.DataFrame, ans: pd.DataFrame, label: str, command: str) ->
     ans = with_context(ans)
     several = ans["context"].nunique() > 1
     for (layout, context), part in ans.groupby(["layout", "context"], sort=False):
-        at = f", {context} tokens cached before each prompt" if several else ""
+        at = f", {context} tokens cached before each prompt" if several or context else ""
         lines += [f"## Layout `{layout}`{at}", "",
                   "| B | best static K | speed-up | best threshold | speed-up | τ 0.4 / 20 | share of static | share of "
                   "threshold | batch stop | SGLang shared | τ 0.4 / 20, free | best dynamic |", "|" + "---|" * 12]
@@ -222,15 +251,17 @@ def markdown(rows: pd.DataFrame, ans: pd.DataFrame, label: str, command: str) ->
                   "```", ""]
     if several:
         lines += by_context_markdown(ans)
-    open_loop = rows[(rows["arrival"] != "closed") & (rows["split"] == rows["split"].iloc[-1])]
+    open_loop = with_context(rows[(rows["arrival"] != "closed") & (rows["split"] == rows["split"].iloc[-1])])
     if not open_loop.empty:
+        ctx = several or bool(open_loop["context"].any())  # a column of its own where the study had contexts
         lines += ["## Poisson arrivals (largest B as the slot cap)", "",
-                  "| layout | rate | setting | tokens/s | speed-up | TPOT p50 / p99 ms | TTFT p50 ms | goodput req/s |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| layout | " + ("context | " if ctx else "") + "rate | setting | tokens/s | speed-up | TPOT p50 / p99 ms"
+                  " | TTFT p50 ms | goodput req/s |", "|---|" + ("---|" if ctx else "") + "---|---|---|---|---|---|---|"]
         keep = open_loop[open_loop["strategy"].isin([BASELINE, REFERENCE]) | open_loop["kind"].eq("batchstop")]
         for _, r in keep.iterrows():
-            lines.append(f"| {r.layout} | {r.arrival} | {r.strategy} | {r.tokens_per_s:.1f} | {_f(r.speedup)} | "
-                         f"{r.tpot_ms_p50:.1f} / {r.tpot_ms_p99:.1f} | {r.ttft_ms_p50:.1f} | {r.goodput_rps:.3f} |")
+            lines.append(f"| {r.layout} | " + (f"{r.context} | " if ctx else "") + f"{r.arrival} | {r.strategy} | "
+                         f"{r.tokens_per_s:.1f} | {_f(r.speedup)} | {r.tpot_ms_p50:.1f} / {r.tpot_ms_p99:.1f} | "
+                         f"{r.ttft_ms_p50:.1f} | {r.goodput_rps:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -254,7 +285,8 @@ def by_context_markdown(ans: pd.DataFrame) -> list[str]:
                 cells.append("-" if a is None else f"{a.best_static} {_f(a.best_static_speedup)}, τ 0.4 / 20 "
                                                    f"{_f(a.reference_speedup)}")
             lines.append(f"| {batch} | " + " | ".join(cells) + " |")
-        changed = [int(b) for b, g in part.groupby("batch") if g["best_static"].nunique() > 1]
+        ks = {c: _static_ks(_part(ans, layout, c)) for c in contexts}  # K 0 where no static K pays, as scheduled
+        changed = [int(b) for b in sorted(part["batch"].unique()) if len({k.get(int(b)) for k in ks.values()}) > 1]
         lines += ["", f"The best static K changes with the context at B = {', '.join(map(str, changed))}."
                   if changed else "The best static K is the same at every context.", "",
                   "vLLM, batch x context (PR #48944, open):", "", "```json",
@@ -271,7 +303,8 @@ def heatmaps(rows: pd.DataFrame, label: str):
     closed = with_context(rows[rows["arrival"] == "closed"])
     test = closed[closed["split"] == ("test" if (closed["split"] == "test").any() else closed["split"].iloc[0])]
     keys = list(dict.fromkeys(zip(test["layout"], test["context"])))
-    named = {key: key[0] if test["context"].nunique() == 1 else f"{key[0]}, context {key[1]}" for key in keys}
+    plain = test["context"].nunique() == 1 and not test["context"].any()  # one study at context 0: no context named
+    named = {key: key[0] if plain else f"{key[0]}, context {key[1]}" for key in keys}
     fig = make_subplots(rows=len(keys), cols=2, vertical_spacing=0.3 / max(1, len(keys)),
                         subplot_titles=[f"{named[key]}: B x {what}" for key in keys for what in ("static K", "τ")])
     for r, (layout, context) in enumerate(keys, start=1):

@@ -50,14 +50,15 @@ def add_options(parser) -> None:
     g.add_argument("--batch-contexts", type=options.number_list(int), default=None, metavar="C,...",
                    help="tokens cached before each prompt (e.g. 0,4096,16384: a prefix every pass reads, none "
                         "prefills; acceptance stays the tables'): the answer per context length (default 0)")
-    g.add_argument("--batch-requests", type=options.positive, default=0, help="requests per stream (default max(48, 6 B))")
-    g.add_argument("--batch-seeds", type=options.positive, default=3, help="seeded streams per point")
-    g.add_argument("--drafter", choices=["assistant", "head"], default="assistant",
+    g.add_argument("--batch-requests", type=options.positive, default=None,
+                   help="requests per stream (default max(48, 6 B))")
+    g.add_argument("--batch-seeds", type=options.positive, default=None, help="seeded streams per point (default 3)")
+    g.add_argument("--drafter", choices=["assistant", "head"], default=None,
                    help="head: a what-if drafter that costs one target layer per token (EAGLE/MTP-like), with the "
-                        "assistant's acceptance")
+                        "assistant's acceptance (default assistant)")
 
 
-BATCH_ONLY = ("layouts", "arrival_rates", "batch_settings", "batch_contexts")
+BATCH_ONLY = ("layouts", "arrival_rates", "batch_settings", "batch_contexts", "batch_requests", "batch_seeds", "drafter")
 
 
 def check_alone(args) -> None:
@@ -74,14 +75,14 @@ def cmd_batch(args, cfg) -> int:
     study = BatchStudy(batches=tuple(args.batch or BATCHES), layouts=listed(args.layouts, LAYOUTS),
                        rates=listed(args.arrival_rates, RATES),
                        settings=listed(args.batch_settings, default_settings(args.static_ks or STATIC_KS)),
-                       requests=args.batch_requests, seeds=args.batch_seeds, drafter=args.drafter,
-                       contexts=tuple(args.batch_contexts or (0,)))
+                       requests=args.batch_requests or 0, seeds=args.batch_seeds or 3,
+                       drafter=args.drafter or "assistant", contexts=tuple(args.batch_contexts or (0,)))
     result = run_batch_bench(cfg, study, run_bench)
     ans = result["answer"]
     print(f"wrote {cfg.out}/: " + ", ".join(sorted(p.name for p in result["files"].values())))
     for layout in ans["layout"].unique()[:1]:
         for _, a in ans[ans["layout"] == layout].iterrows():
-            at = f" context {a.context}" if ans["context"].nunique() > 1 else ""
+            at = f" context {a.context}" if ans["context"].nunique() > 1 or a.context else ""
             print(f"{layout}{at} B={a.batch}: best static {a.best_static} {a.best_static_speedup:.2f}x | best threshold "
                   f"{a.best_threshold} {a.best_threshold_speedup:.2f}x | {REFERENCE_SETTING} {a.reference_speedup:.2f}x"
                   f" | batch stop {a.batchstop_speedup:.2f}x (test split)")
@@ -97,8 +98,8 @@ def profile_batch(args) -> int:
     contexts = sorted(set(args.contexts or batch_profile.CONTEXTS))
     most = batch_profile.N_BATCH // max(batch_profile.KS)
     if max(batches) > most:
-        raise options.UsageError(f"--batch: at most {most} here (a pass of B x {max(batch_profile.KS)} tokens must fit "
-                                 f"llama.cpp's {batch_profile.N_BATCH}-token batch)")
+        raise options.UsageError(f"--batch: at most {most} (a pass of B x {max(batch_profile.KS)} tokens must fit the "
+                                 f"{batch_profile.N_BATCH}-token batch profile --batch feeds, llama.cpp's n_batch)")
     if any(not 1 <= c <= batch_profile.N_BATCH - 32 for c in contexts):
         raise options.UsageError(f"--contexts: each must be between 1 and {batch_profile.N_BATCH - 32} tokens")
     for b in args.live or ():

@@ -56,9 +56,18 @@ class _Engine:
         model = self.pair.target if role == "target" else self.pair.assistant
         return torch_batch.TorchBatch(model, batch, self.pair.device, pad_id=self.pair.eos_ids[0])
 
-    def same(self, layout: str, prompts: list[list[int]], k: int) -> tuple[bool, float]:
+    @property
+    def pads(self) -> bool:
+        """Whether the engine's batch pads sequences of different lengths (torch) rather than running them ragged."""
+        return self.pair.engine != "llamacpp"
+
+    def same(self, layout: str, prompts: list[list[int]], k: int, padded: bool = False) -> tuple[bool, float]:
+        """``rows_match_batch_one`` over ``prompts`` (different lengths). On a padding engine, unless ``padded``, the
+        prompts are cut to the shortest first: batching alone, apart from what left-padding and its mask change."""
         if self.pair.engine == "llamacpp":
             return llama_batch.rows_match_batch_one(self.pair.target_model, layout, prompts, k)
+        if not padded:
+            prompts = [p[:min(map(len, prompts))] for p in prompts]
         return torch_batch.rows_match_batch_one(self.pair.target, self.pair.device, prompts, k, self.pair.eos_ids[0])
 
 
@@ -108,7 +117,7 @@ def _measure_model(engine: _Engine, role: str, precision: str, layout: str, batc
 def measure(pair, batches, contexts=CONTEXTS, ks=KS, layouts=None, reps: int = 3, seed: int = 0,
             progress: bool = True) -> tuple[list[dict], dict]:
     """Batched pass costs of a pair (rows above) in ``layouts`` (default: every layout its engine runs) and, per
-    layout, (bit-identical?, largest logit difference)."""
+    layout, (bit-identical?, largest logit difference); on torch also with left-padded rows (``_Engine.same``)."""
     engine = _Engine(pair)
     layouts = tuple(layouts or engine.layouts)
     unknown = [x for x in layouts if x not in engine.layouts]
@@ -131,6 +140,8 @@ def measure(pair, batches, contexts=CONTEXTS, ks=KS, layouts=None, reps: int = 3
     prompts = [_tokens(rng, 24 + 9 * s, engine.vocab) for s in range(max(2, min(4, max(batches))))]
     for layout in layouts:
         identity[layout] = engine.same(layout, prompts, 4)
+        if engine.pads:  # and with the shorter prompts left-padded (a padded engine's batch of real requests)
+            identity[f"{layout}, left-padded rows"] = engine.same(layout, prompts, 4, padded=True)
     return rows, identity
 
 

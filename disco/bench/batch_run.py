@@ -128,15 +128,24 @@ def write_batch_reports(out: Path, rows, ans, label: str, command: str, acceptan
 
 def rewrite_batch_reports(out: Path) -> dict:
     """``bench --report-only`` on a batch study's folder: its answer, schedules, markdown and heatmaps rebuilt from its
-    ``batch.csv`` (and ``batch_band.csv``, the command in ``batch.md``, the synthetic acceptance in
-    ``batch_schedules.json``); no table or model is read."""
+    ``batch.csv`` (and ``batch_band.csv``; the command kept from ``batch.md`` and the synthetic acceptance from
+    ``batch_schedules.json`` where they are there); no table or model is read."""
     try:
         rows = pd.read_csv(out / "batch.csv")
+        missing = [c for c in ("strategy", "kind", "batch", "layout", "arrival", "split", "speedup") if c not in rows]
+        if missing or rows.empty:
+            raise ValueError(f"not a batch study's rows (no {', '.join(missing) or 'rows'})")
+        ans = answer(rows)
+        band = pd.read_csv(out / "batch_band.csv") if (out / "batch_band.csv").exists() else None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"--report-only: {out / 'batch.csv'}: {exc}") from None
+    command, acceptance = "", {}
+    try:
         command = next((line.split("`")[1] for line in (out / "batch.md").read_text().splitlines()
                         if line.startswith("Command: `")), "")
-        acceptance = json.loads((out / "batch_schedules.json").read_text()).get("vllm_synthetic_acceptance", {})
-        band = pd.read_csv(out / "batch_band.csv") if (out / "batch_band.csv").exists() else None
+        kept = json.loads((out / "batch_schedules.json").read_text())
+        acceptance = kept.get("vllm_synthetic_acceptance", {}) if isinstance(kept, dict) else {}
     except (OSError, ValueError, IndexError) as exc:
-        raise BenchError(f"--report-only needs batch.csv, batch.md and batch_schedules.json in {out}: {exc}") from None
-    label = str(rows["label"].iloc[0]) if "label" in rows.columns and len(rows) else "?"
-    return write_batch_reports(out, rows, answer(rows), label, command, acceptance, band)
+        _log(f"batch: --report-only: {exc}; the command or the synthetic acceptance is left out")
+    label = str(rows["label"].iloc[0]) if "label" in rows.columns else "?"
+    return write_batch_reports(out, rows, ans, label, command, acceptance, band)

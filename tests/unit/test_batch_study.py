@@ -74,6 +74,30 @@ def test_a_schedule_whose_k_rises_after_batch_one_is_capped_for_tensorrt_and_sai
     assert "not expressible exactly" in trt["note"] and "B = 2" in trt["note"]
 
 
+def _valid_for_vllm(entries):
+    """The rules vLLM's five-item schedule is checked against (read in a fork carrying PR #48944's form): batch-size
+    ranges from 1, sorted, not overlapping; context ranges from 1 and contiguous; every batch range over every context
+    range; K >= 0."""
+    bs = sorted({(e[0], e[1]) for e in entries})
+    ctx = sorted({(e[2], e[3]) for e in entries})
+    assert bs[0][0] == 1 and all(lo <= hi for lo, hi in bs) and all(b[0] > a[1] for a, b in zip(bs, bs[1:]))
+    assert ctx[0][0] == 1 and all(b[0] == a[1] + 1 for a, b in zip(ctx, ctx[1:]))
+    assert len(entries) == len(bs) * len(ctx) == len({(e[0], e[1], e[2]) for e in entries})
+    assert all(e[4] >= 0 for e in entries)
+
+
+def test_schedules_start_at_batch_size_one_where_it_was_not_measured():
+    rows = []
+    for batch, k2 in {2: 1.3, 8: 0.9}.items():
+        for split in ("train", "test"):
+            rows += [{"split": split, "batch": batch, "strategy": "autoregressive", "speedup": 1.0},
+                     {"split": split, "batch": batch, "strategy": "static:2", "speedup": k2}]
+    sched = schedules(answer(_frame(rows)), "ragged")
+    assert sched["vllm"]["num_speculative_tokens_per_batch_size"] == [[1, 7, 2], [8, 8, 0]]
+    assert "batch size 1 was not measured" in sched["vllm"]["note"]
+    assert "batch size 1 was not measured" in sched["tensorrt_llm"]["note"]
+
+
 def test_the_answer_and_schedules_by_context_length():
     """A study over cached contexts answers per (layout, context, B) and writes vLLM's batch x context entries."""
     rows = []
@@ -88,8 +112,9 @@ def test_the_answer_and_schedules_by_context_length():
         (0, 1, "static:6"), (0, 8, "static:2"), (8192, 1, "static:6"), (8192, 8, "static:6")]
     both = schedules_by_context(ans, "ragged")
     assert both["by_context"]["0"]["vllm"]["num_speculative_tokens_per_batch_size"] == [[1, 7, 6], [8, 8, 2]]
-    assert both["vllm_batch_x_context"]["num_speculative_tokens_per_batch_size"] == [
-        [1, 7, 0, 8191, 6], [8, 8, 0, 8191, 2], [1, 8, 8192, 8192, 6]]
+    entries = both["vllm_batch_x_context"]["num_speculative_tokens_per_batch_size"]
+    assert entries == [[1, 7, 1, 8191, 6], [1, 7, 8192, 2**31 - 1, 6], [8, 8, 1, 8191, 2], [8, 8, 8192, 2**31 - 1, 6]]
+    _valid_for_vllm(entries)
     text = markdown(_frame(rows).assign(tokens_per_s=1.0), ans, "roofline:h100", "python -m disco bench --batch 1,8")
     assert "## By context length" in text and "changes with the context at B = 8" in text
     assert "8192 tokens cached before each prompt" in text
@@ -307,3 +332,11 @@ def test_a_study_over_cached_contexts_keeps_context_zero_as_it_was():
     assert (far["tokens_per_s"] < zero["tokens_per_s"]).all()
     ans = answer(both)
     assert len(ans) == 2 * 2 and set(ans["context"]) == {0, 32768}
+
+
+def test_report_only_on_a_folder_that_is_not_a_batch_study_is_one_line(tmp_path, capsys):
+    (tmp_path / "batch.csv").write_text("role,precision,kind,tokens,ms,batch,context,layout\n"
+                                        "target,model,step,1,10,1,64,streams\n")
+    assert main(["bench", "--report-only", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a batch study" in err[0]
