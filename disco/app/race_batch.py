@@ -1,5 +1,5 @@
 """The Race tab's "as in a batch of B": a finished race's lanes re-costed as B identical sequences decoded together
-(``disco.replay.batched.recost_trace``), under a cost profile and a verification layout. A prediction, labelled so:
+(``disco.replay.recost.recost_trace``), under a cost profile and a verification layout. A prediction, labelled so:
 the lanes ran alone; their iterations are the same at any batch size (greedy), only the price of each pass changes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from disco.app import sweep_inputs
 from disco.costs import model as cost_mod
 from disco.costs.batched import check_batch, resolve_batched
 from disco.errors import BenchError, UserError, first_line
-from disco.replay.batched import recost_trace
+from disco.replay.recost import recost_trace
 from disco.replay.layouts import LAYOUTS, Pricer
 
 log = logging.getLogger("disco.app")

@@ -24,14 +24,13 @@ would add less, summed over the batch, than it costs.
 
 Figures are read in a steady-state window (``window``): with fixed concurrency from the first completion (the initial
 lockstep prefill is behind) to the last admission (the batch is full throughout); with arrivals from the 10th
-percentile arrival to the last arrival. TTFT counts from the request's arrival with arrivals, and from its admission
-to a slot with fixed concurrency (where every request is there at 0 and waits for a slot by design). At B = 1 with every request in turn and the whole run as the window, the batched replay
-is today's replay: the same records, the same modelled time (``tests/unit/test_batched.py``).
+percentile arrival to the last. TTFT counts from arrival with arrivals, from admission to a slot with fixed
+concurrency (every request is there at 0 and waits for a slot by design). At B = 1, every request in turn and the whole
+run as the window, the batched replay is today's replay: the same records and modelled time (tests/unit/test_batched.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -118,6 +117,7 @@ class Setting:
             self.spec = f"{free_draft.PREFIX}:{probe.spec}" if self.free else probe.spec
             self.shared = type(probe).batch_shared
         self.rule = probe.spec  # what each sequence runs (free: its rows then draft to the batch's depth)
+        self.reads_costs = bool(probe.needs_costs or probe.reads_costs)  # else its runs need no cost model
         self._shared: Policy | None = None
         # its iterations are the same whatever the batch, layout and costs: replayed once per request's table
         self.cacheable = not (self.batch_stop or self.shared or self.free or probe.needs_costs or probe.reads_costs)
@@ -147,7 +147,8 @@ class _Slot:
             self.run, (self._steps, self._output) = None, trace(request.table, setting, max_new_tokens, traces)
             self._next = 0
         else:
-            self.run = ReplayRun(request.table, setting.policy(), max_new_tokens, view, bind=bind)
+            costs = view if setting.reads_costs else None  # reading none, it needs none: the batch prices its passes
+            self.run = ReplayRun(request.table, setting.policy(), max_new_tokens, costs, bind=bind)
 
     @property
     def done(self) -> bool:
@@ -164,7 +165,7 @@ class _Slot:
         else:
             self._next += 1
             row, emitted = self._steps[self._next - 1]
-        return dataclasses.replace(row, slot=self.slot), emitted
+        return row.at(self.slot), emitted
 
 
 def trace(table, setting: Setting, max_new_tokens: int, traces: dict) -> tuple[list, list[int]]:
@@ -349,52 +350,3 @@ def goodput(m: dict, span_ms: float, ttft_slo_ms: float, tpot_slo_ms: float) -> 
     """Requests per second in the window that met both latency targets."""
     good = sum(1 for a, b in m["_latency"] if a <= ttft_slo_ms and b <= tpot_slo_ms)
     return good / span_ms * 1000.0 if span_ms > 0 else math.nan
-
-
-TRACE_COLUMNS = ("strategy", "iteration", "lookahead", "target_tokens", "draft_calls", "assistant_tokens",
-                 "max_lookahead", "new_tokens")
-
-
-def _trace_rows(frame):
-    """A per-iteration trace's columns as whole numbers >= 0 (BatchReplayError, one line, for anything else)."""
-    missing = [c for c in TRACE_COLUMNS if c not in getattr(frame, "columns", ())]
-    if missing:
-        raise BatchReplayError(f"not a per-iteration trace: no column(s) {', '.join(missing)}")
-    numbers = frame[list(TRACE_COLUMNS[1:])].apply(lambda c: c.map(_whole_or_none))
-    if numbers.isna().any().any():
-        raise BatchReplayError("a per-iteration trace holds whole numbers >= 0 in its count columns")
-    return frame[["strategy"]].join(numbers.astype(int))
-
-
-def _whole_or_none(value):
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return int(number) if math.isfinite(number) and number == int(number) and number >= 0 else None
-
-
-def recost_trace(frame, batch: int, pricer: Pricer) -> list[dict]:
-    """A finished race's lanes "as in a batch of B": each lane's own iterations (its per-iteration trace rows) run by
-    ``batch`` identical sequences in lockstep and priced by ``pricer`` (a prediction: the lanes ran alone). One row per
-    lane: predicted ms, tokens per second of the batch, and speed-up over the target-alone lane when the race had one."""
-    out = []
-    for strategy, rows in _trace_rows(frame).groupby("strategy", sort=False):
-        rows = rows.sort_values("iteration")
-        prompt_len = int(rows.iloc[0]["target_tokens"]) - int(rows.iloc[0]["lookahead"])
-        ms, done = 0.0, 0
-        for i, r in enumerate(rows.itertuples(index=False)):
-            calls = int(r.draft_calls)
-            fed = int(r.assistant_tokens) - (calls - 1) if calls else 0
-            context = max(prompt_len + done - 1, 0) if i else 0
-            draft, verify = pricer.iteration_ms([
-                RowPass(int(r.target_tokens), int(r.max_lookahead), calls, fed, context, max(context - 1, 0), i == 0,
-                        int(r.lookahead) + 1, slot) for slot in range(batch)])
-            ms += draft + verify
-            done = int(r.new_tokens)
-        out.append({"strategy": strategy, "batch": batch, "predicted_ms": ms,
-                    "tokens_per_s": batch * done / ms * 1000.0 if ms > 0 else math.nan})
-    base = next((o["tokens_per_s"] for o in out if o["strategy"] == "autoregressive"), math.nan)
-    for o in out:
-        o["speedup"] = o["tokens_per_s"] / base if base == base else math.nan
-    return out

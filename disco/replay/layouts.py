@@ -79,6 +79,14 @@ class RowPass:
     def logits(self) -> int:
         return self.outputs or self.target_tokens
 
+    def at(self, slot: int) -> "RowPass":
+        """This row in batch slot ``slot`` (the batched replay's hot path: a plain constructor call, several times
+        faster than ``dataclasses.replace``)."""
+        if slot == self.slot:
+            return self
+        return RowPass(self.target_tokens, self.k_config, self.draft_calls, self.first_fed, self.target_context,
+                       self.assistant_context, self.prefill, self.outputs, slot)
+
 
 def verify_passes(layout: str, rows: Sequence[RowPass]) -> list[tuple[list[int], list[int], int]]:
     """The target passes (query tokens per row, contexts, rows that need logits) one batch iteration's verification
@@ -111,23 +119,28 @@ def _equal_split(rows: list[tuple[int, int, int, int]]) -> list[tuple[list[int],
     the run of consecutive slots, starting at the first that still holds tokens, taking the same count from each
     (at most ``UBATCH`` in all); contexts grow by what earlier ubatches fed; a row's logits are its last tokens."""
     rows = sorted(rows)
+    m = len(rows)
     left = [n for _, n, _, _ in rows]
-    fed = [0] * len(rows)
+    fed = [0] * m
+    first_out = [n - logits for _, n, _, logits in rows]  # a row's logits rows are its last ones
     passes = []
-    while any(left):
-        run = [next(i for i, n in enumerate(left) if n > 0)]
-        while run[-1] + 1 < len(rows) and left[run[-1] + 1] > 0 and rows[run[-1] + 1][0] == rows[run[-1]][0] + 1:
-            run.append(run[-1] + 1)
-        take = min(min(left[i] for i in run), max(1, UBATCH // len(run)))
+    start = 0  # the first row that still holds tokens: the rows before it are done and stay done
+    while True:
+        while start < m and left[start] <= 0:
+            start += 1
+        if start == m:
+            return passes
+        end = start + 1
+        while end < m and left[end] > 0 and rows[end][0] == rows[end - 1][0] + 1:
+            end += 1
+        take = min(min(left[start:end]), max(1, UBATCH // (end - start)))
         outputs = 0
-        for i in run:  # the row's logits rows are its last ones: count those inside [fed, fed + take)
-            first_out = rows[i][1] - rows[i][3]
-            outputs += max(0, min(fed[i] + take, rows[i][1]) - max(fed[i], first_out))
-        passes.append(([take] * len(run), [rows[i][2] + fed[i] for i in run], outputs))
-        for i in run:
+        for i in range(start, end):  # count the row's logits rows inside [fed, fed + take)
+            outputs += max(0, min(fed[i] + take, rows[i][1]) - max(fed[i], first_out[i]))
+        passes.append(([take] * (end - start), [rows[i][2] + fed[i] for i in range(start, end)], outputs))
+        for i in range(start, end):
             left[i] -= take
             fed[i] += take
-    return passes
 
 
 def draft_passes(rows: Sequence[RowPass], layout: str = "ragged") -> list[tuple[list[int], list[int], int]]:

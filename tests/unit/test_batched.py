@@ -247,7 +247,7 @@ def test_a_race_recosted_as_in_a_batch():
     import pandas as pd
 
     from disco.decode.trace import iterations_frame
-    from disco.replay.batched import recost_trace
+    from disco.replay.recost import recost_trace
 
     table = synthetic_table(7)
     records = []
