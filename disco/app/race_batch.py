@@ -13,8 +13,8 @@ from disco.app import sweep_inputs
 from disco.costs import model as cost_mod
 from disco.costs.batched import check_batch, resolve_batched
 from disco.errors import BenchError, UserError, first_line
-from disco.replay.recost import recost_trace
 from disco.replay.layouts import LAYOUTS, Pricer
+from disco.replay.recost import recost_trace
 
 log = logging.getLogger("disco.app")
 PROFILES = ("flat:0.05", "roofline:h100", "roofline:l4", "roofline:this", cost_mod.MEASURED)

@@ -120,7 +120,7 @@ class Setting:
         self.reads_costs = bool(probe.needs_costs or probe.reads_costs)  # else its runs need no cost model
         self._shared: Policy | None = None
         # its iterations are the same whatever the batch, layout and costs: replayed once per request's table
-        self.cacheable = not (self.batch_stop or self.shared or self.free or probe.needs_costs or probe.reads_costs)
+        self.cacheable = not (self.batch_stop or self.shared or self.free or self.reads_costs)
 
     def policy(self) -> Policy:
         if self.shared:

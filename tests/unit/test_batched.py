@@ -305,3 +305,45 @@ def test_a_cached_context_is_priced_on_every_pass_and_changes_nothing_else():
     for bad in (-1, 1.5, "many", float("inf"), 1 << 21):
         with pytest.raises(LayoutError):
             Pricer(costs, "ragged", bad)
+
+
+def _equal_split_reference(rows, ubatch):
+    """llama.cpp's split_equal as first written here (a plain scan each round), kept to check the faster one."""
+    rows = sorted(rows)
+    left, fed, passes = [n for _, n, _, _ in rows], [0] * len(rows), []
+    while any(left):
+        run = [next(i for i, n in enumerate(left) if n > 0)]
+        while run[-1] + 1 < len(rows) and left[run[-1] + 1] > 0 and rows[run[-1] + 1][0] == rows[run[-1]][0] + 1:
+            run.append(run[-1] + 1)
+        take = min(min(left[i] for i in run), max(1, ubatch // len(run)))
+        outputs = sum(max(0, min(fed[i] + take, rows[i][1]) - max(fed[i], rows[i][1] - rows[i][3])) for i in run)
+        passes.append(([take] * len(run), [rows[i][2] + fed[i] for i in run], outputs))
+        for i in run:
+            left[i] -= take
+            fed[i] += take
+    return passes
+
+
+@pytest.mark.parametrize("ubatch", [7, 2048])
+def test_llama_split_equals_a_plain_reference_on_random_batches(monkeypatch, ubatch):
+    """The llama-split layout's ubatches on random batches (gaps in the slots, rows with nothing to feed, runs longer
+    than the ubatch cap) equal a plain scan of the same rule."""
+    from disco.replay import layouts
+
+    monkeypatch.setattr(layouts, "UBATCH", ubatch)
+    rng = random.Random(ubatch)
+    for _ in range(1500):
+        slots = sorted(rng.sample(range(80), rng.randint(1, 70)))
+        rows = []
+        for s in slots:
+            n = rng.choice([0, 1, 1, 2, 3, 5, 17, 300]) if rng.random() < 0.9 else rng.randint(0, 3000)
+            rows.append((s, n, rng.randint(0, 500), rng.randint(1, max(1, n))))
+        rng.shuffle(rows)
+        assert layouts._equal_split(list(rows)) == _equal_split_reference(list(rows), ubatch)
+
+
+def test_a_row_moved_to_another_slot_keeps_every_other_field():
+    import dataclasses
+
+    row = RowPass(9, 7, 5, 3, 120, 118, True, 6, 2)
+    assert row.at(5) == dataclasses.replace(row, slot=5) and row.at(2) is row
