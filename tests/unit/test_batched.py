@@ -332,11 +332,13 @@ def test_llama_split_equals_a_plain_reference_on_random_batches(monkeypatch, uba
 
     monkeypatch.setattr(layouts, "UBATCH", ubatch)
     rng = random.Random(ubatch)
-    for _ in range(1500):
+    most = 3000 if ubatch > 100 else 40  # a small cap takes one token a row per ubatch: keep the rounds few
+    for _ in range(400):
         slots = sorted(rng.sample(range(80), rng.randint(1, 70)))
         rows = []
         for s in slots:
-            n = rng.choice([0, 1, 1, 2, 3, 5, 17, 300]) if rng.random() < 0.9 else rng.randint(0, 3000)
+            n = rng.choice([0, 1, 1, 2, 3, 5, 17, 300]) if rng.random() < 0.9 else rng.randint(0, most)
+            n = min(n, most)
             rows.append((s, n, rng.randint(0, 500), rng.randint(1, max(1, n))))
         rng.shuffle(rows)
         assert layouts._equal_split(list(rows)) == _equal_split_reference(list(rows), ubatch)
