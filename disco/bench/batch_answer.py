@@ -102,23 +102,30 @@ def no_speculation_from(ans: pd.DataFrame, layout: str, column: str = "speculati
     return None
 
 
-def _bs_ranges(batches) -> list[tuple[int, int]]:
-    """vLLM's batch-size ranges for measured batch sizes: each from its B to the next measured B - 1, the first from
-    1 (vLLM requires it: every runtime batch size needs a K), the last up to its own B (vLLM carries the last K on)."""
+def _k_at(ks: dict[int, int], batch: int) -> int:
+    """The K a schedule gives ``batch``: that of the largest measured B at or below it (the smallest measured B's
+    below them all)."""
+    return ks[max((b for b in ks if b <= batch), default=min(ks))]
+
+
+def _merged(batches, value) -> list[list]:
+    """vLLM's batch-size ranges ``[lo, hi, value(B)]`` for measured batch sizes: each from its B to the next measured
+    B - 1, the first from 1 (vLLM requires it: every runtime batch size needs a K), the last up to its own B (vLLM
+    carries the last K on); neighbouring ranges with one value merged."""
     bs = sorted(batches)
-    return [(1 if i == 0 else b, bs[i + 1] - 1 if i + 1 < len(bs) else b) for i, b in enumerate(bs)]
+    out: list[list] = []
+    for i, b in enumerate(bs):
+        hi = bs[i + 1] - 1 if i + 1 < len(bs) else b
+        if out and out[-1][2] == value(b):
+            out[-1][1] = hi
+        else:
+            out.append([1 if i == 0 else b, hi, value(b)])
+    return out
 
 
 def _ranges(ks: dict[int, int]) -> list[list[int]]:
-    """``[[lo, hi, K], ...]`` (``_bs_ranges``), neighbouring ranges with one K merged."""
-    out: list[list[int]] = []
-    for lo, hi in _bs_ranges(ks):
-        k = ks[max(b for b in ks if b <= max(lo, min(ks)))]
-        if out and out[-1][2] == k:
-            out[-1][1] = hi
-        else:
-            out.append([lo, hi, k])
-    return out
+    """``[[lo, hi, K], ...]`` (``_merged``)."""
+    return _merged(ks, lambda b: ks[b])
 
 
 def _tensorrt(ks: dict[int, int]) -> dict:
@@ -179,34 +186,32 @@ def batch_x_context(ans: pd.DataFrame, layout: str) -> list[list[int]]:
     fork: batch-size ranges from 1, not overlapping; context ranges from 1, contiguous, the last to 2^31 - 1; a
     rectangular grid, every batch range over every context range). A context range starts at a measured context (the
     first at 1) and ends before the next; neighbouring batch ranges merge where K is the same at every context."""
-    part = with_context(ans)[lambda a: a["layout"] == layout]
-    contexts = sorted(int(c) for c in part["context"].unique())
+    contexts = sorted(int(c) for c in with_context(ans).loc[lambda a: a["layout"] == layout, "context"].unique())
     ks = {c: _static_ks(_part(ans, layout, c)) for c in contexts}
-    batches = sorted(set().union(*(set(k) for k in ks.values())))
-    rows: list[list] = []  # [lo, hi, (K at each context)]
-    for lo, hi in _bs_ranges(batches):
-        column = tuple(k.get(max((b for b in k if b <= max(lo, min(k))), default=min(k)), 0) for k in ks.values())
-        if rows and rows[-1][2] == column:
-            rows[-1][1] = hi
-        else:
-            rows.append([lo, hi, column])
+    batches = set().union(*(set(k) for k in ks.values()))
+    rows = _merged(batches, lambda b: tuple(_k_at(k, b) for k in ks.values()))  # [lo, hi, (K at each context)]
     spans = [(1 if i == 0 else c, contexts[i + 1] - 1 if i + 1 < len(contexts) else CTX_INFINITY)
              for i, c in enumerate(contexts)]
     return [[lo, hi, clo, chi, column[j]] for lo, hi, column in rows for j, (clo, chi) in enumerate(spans)]
 
 
+def vllm_batch_x_context(ans: pd.DataFrame, layout: str) -> dict:
+    """vLLM's speculative settings for the batch x context schedule (``batch_x_context``)."""
+    entries = batch_x_context(ans, layout)
+    return {"num_speculative_tokens": max((e[4] for e in entries), default=0),
+            "num_speculative_tokens_per_batch_size": entries,
+            "note": "five-item entries of vLLM PR #48944 (open, RFC #48627). vLLM's ctx is a request's whole context; "
+                    "here ctx_lo is the prefix cached before the prompt (the suite's prompts and outputs add a few "
+                    "hundred tokens)"}
+
+
 def schedules_by_context(ans: pd.DataFrame, layout: str) -> dict:
-    """Every context's schedules, and vLLM's batch x context form (``batch_x_context``)."""
+    """Every context's schedules, and vLLM's batch x context form (``vllm_batch_x_context``)."""
     contexts = sorted(int(c) for c in with_context(ans).loc[lambda a: a["layout"] == layout, "context"].unique())
     if len(contexts) <= 1:
         return schedules(ans, layout)
-    entries = batch_x_context(ans, layout)
     return {"by_context": {str(c): schedules(ans, layout, c) for c in contexts},
-            "vllm_batch_x_context": {"num_speculative_tokens": max((e[4] for e in entries), default=0),
-                                     "num_speculative_tokens_per_batch_size": entries,
-                                     "note": "five-item entries of vLLM PR #48944 (open, RFC #48627). vLLM's ctx is "
-                                             "a request's whole context; here ctx_lo is the prefix cached before the "
-                                             "prompt (the suite's prompts and outputs add a few hundred tokens)"}}
+            "vllm_batch_x_context": vllm_batch_x_context(ans, layout)}
 
 
 def to_json(obj) -> str:
@@ -290,7 +295,7 @@ def by_context_markdown(ans: pd.DataFrame) -> list[str]:
         lines += ["", f"The best static K changes with the context at B = {', '.join(map(str, changed))}."
                   if changed else "The best static K is the same at every context.", "",
                   "vLLM, batch x context (PR #48944, open):", "", "```json",
-                  to_json(schedules_by_context(ans, layout)["vllm_batch_x_context"]), "```", ""]
+                  to_json(vllm_batch_x_context(ans, layout)), "```", ""]
     return lines
 
 

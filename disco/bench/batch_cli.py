@@ -28,12 +28,6 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
 def add_options(parser) -> None:
     """``bench``'s batch-size options (the batched replay over the replay tables; disco.bench.batch)."""
     g = parser.add_argument_group("batch sizes (the batched replay over the replay tables; disco.bench.batch)")
@@ -112,7 +106,7 @@ def profile_batch(args) -> int:
     if args.csv:
         batch_profile.write_csv(rows, args.csv)
     runner = (f"llama.cpp {llama.kernels()}" if pair.engine == "llamacpp"
-              else f"torch {pair.dtype_name} on {pair.device_name}, {_threads()} threads")
+              else f"torch {pair.dtype_name} on {pair.device_name}")  # the threads: in flags_line
     print(f"batched passes on {flags_line()} ({runner}), median of {args.reps}; ms per pass")
     print("| layout | role | context | B | " + " | ".join(f"k={k}" for k in batch_profile.KS) + " |")
     print("|---|---|---|---|" + "---|" * len(batch_profile.KS))

@@ -22,8 +22,6 @@ from disco.errors import BenchError
 from disco.models import llama_batch, torch_batch
 from disco.models.llama_batch import LAYOUTS, N_BATCH, LlamaBatch
 
-TORCH_LAYOUTS = torch_batch.LAYOUTS
-
 KS = (1, 2, 4, 8, 16)
 CONTEXTS = (64, 256)
 BATCH_CSV_COLUMNS = ["role", "precision", "kind", "tokens", "ms", "batch", "context", "layout"]
@@ -47,7 +45,7 @@ class _Engine:
         if pair.engine == "llamacpp":
             self.layouts, self.limit, self.vocab = LAYOUTS, N_BATCH, pair.target_model.n_vocab
         else:
-            self.layouts, self.limit, self.vocab = TORCH_LAYOUTS, None, int(pair.target.config.vocab_size)
+            self.layouts, self.limit, self.vocab = torch_batch.LAYOUTS, None, int(pair.target.config.vocab_size)
 
     def new(self, role: str, batch: int, layout: str, n_ctx_seq: int):
         if self.pair.engine == "llamacpp":
