@@ -11,6 +11,24 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (``./test.sh`` runs one worker per core, at most two), each worker on CPUs of its own:
+    llama.cpp, torch's real-pair tests and Ray count the CPUs this process may use, and two workers each running two
+    spinning threads on two cores wait on each other's descheduled threads. Processes a test starts inherit the
+    share."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if count < 2 or not name.startswith("gw") or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    share = cpus[int(name[2:]) % count::count] if len(cpus) >= count else []
+    if share:
+        os.sched_setaffinity(0, share)
+
+
+_pin_xdist_worker()
 # The tiny models gain nothing from intra-op threads, and on a busy 2-core machine two threads per
 # process thrash (measured: 170 ms vs 8 ms per tiny forward). Integration tests raise it again.
 torch.set_num_threads(1)
@@ -112,6 +130,9 @@ def pytest_unconfigure(config):
     before, nothing of the embedded pair's."""
     import shutil
 
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller cleans up once every worker is done (a worker's own scrap may be
+        # another worker's input meanwhile)
     folder, before = getattr(config, "_disco_gguf", (None, None))
     if folder is None or not folder.is_dir():
         return

@@ -201,8 +201,9 @@ def _sweep_stale(cache: Path, log: Log, table: Mapping[str, ModelSpec] | None = 
                 continue
         log(f"[disco] removing leftover {tmp.name} from an interrupted conversion")
         shutil.rmtree(tmp, ignore_errors=True)
-    for partial in (cache / GGUF_SUBDIR).glob("*.partial"):
-        partial.unlink(missing_ok=True)
+    for spec in (table or wheels.ROLES).values():  # the joins' own half-written files only: another process may be
+        if spec is not None:                       # writing one of its own in that folder (a re-quantized assistant)
+            (cache / GGUF_SUBDIR / f"{spec.gguf_name}.partial").unlink(missing_ok=True)
 
 
 def _check_free_space(cache: Path, spec: ModelSpec, factor: float) -> None:

@@ -52,11 +52,11 @@ def gguf_tokenizer(path: Path, key: str | None = None):
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot read a tokenizer from {path}: {str(exc).splitlines()[0] if str(exc) else exc}") from None
     try:
-        tmp = folder.with_name(folder.name + ".partial")
+        tmp = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
         tokenizer.save_pretrained(tmp)
         tmp.replace(folder)
     except OSError:
-        pass  # a read-only cache: read the GGUF again next time
+        pass  # a read-only cache, or another process kept it first: read the GGUF again next time
     return tokenizer
 
 
@@ -160,7 +160,7 @@ def _quantize(source, dest, ftype: str = "q4_0") -> None:
     params.ftype = types[ftype]
     params.nthread = llama.threads()
     params.allow_requantize = True  # the shipped assistant is Q5_0 / Q8_0: requantizing is the point
-    tmp = f"{dest}.partial"
+    tmp = f"{dest}.{os.getpid()}.partial"  # two processes quantizing the same file never write into one another's
     rc = lib.llama_model_quantize(str(source).encode(), tmp.encode(), ctypes.byref(params))
     if rc != 0:
         try:
