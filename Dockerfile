@@ -24,6 +24,7 @@ ENV HOME=/home/user \
     GRADIO_ANALYTICS_ENABLED=False \
     DISCO_MODELS=embedded \
     DISCO_LLAMA_VARIANTS=all \
+    DISCO_LLAMA_PROGRAMS=1 \
     DISCO_CACHE=/home/user/.cache/disco
 WORKDIR /home/user/app
 

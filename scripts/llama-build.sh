@@ -6,9 +6,9 @@
 #     beside libllama; disco/models/cpu_variant.py loads the best one this CPU runs at start). Which levels
 #     (DISCO_LLAMA_VARIANTS):
 #       native (default): this CPU's best variant plus x64 (plain x86-64: a venv moved to another CPU still starts),
-#                         ~4 minutes on 2 cores; a later start on a CPU whose best variant the kept build lacks
+#                         ~2.5 minutes on 2 cores; a later start on a CPU whose best variant the kept build lacks
 #                         builds again (scripts/cpu_variants.py reads ggml's list and this CPU's flags);
-#       all:              every variant (x64, SSE4.2, AVX, AVX2, AVX-512 with VNNI/VBMI/BF16, AMX ...), ~8 minutes:
+#       all:              every variant (x64, SSE4.2, AVX, AVX2, AVX-512 with VNNI/VBMI/BF16, AMX ...), ~6-8 minutes:
 #                         for images and Spaces (the Dockerfile sets it), which may start on any x86-64 CPU.
 #     A kept build says what it holds (llama-build-flavour-VERSION). A compiler too old for the variant modules
 #     (GCC < 11) gets the earlier portable AVX2 build instead. CMAKE_ARGS adds flags (a build with other CMAKE_ARGS
@@ -16,15 +16,22 @@
 #   * llamafile's sgemm off: its rows depend on the batch size, and DISCO Lab's exact mode needs a verified row to
 #     equal the one-token row (disco/models/llama.py); measured no slower for the embedded pair;
 #   * no multimodal library (a quarter of the build, unused).
-# The same build also gives llama.cpp's own programs that the benchmark times as this engine's peer: its speculative
-# example (llama-speculative-simple) and llama-bench (its plain decoding); they are linked against the wheel's
-# libraries and kept beside the wheel (they load the CPU variant named by GGML_BACKEND_PATH, which DISCO Lab sets).
+#   * without llama.cpp's common library and its HTTP library (llama-cpp-python's CMakeLists forces them on; the
+#     Python package never loads them): about half of the build's CPU time.
+# llama.cpp's own programs, which the benchmark times as this engine's peer and the This machine tab's kernel price
+# runs (its speculative example llama-speculative-simple and llama-bench), need that common library: the `programs`
+# phase builds it apart (its objects only, nothing else of the tree) and links them against the kept wheel's
+# libraries; they are kept beside the wheel (they load the CPU variant named by GGML_BACKEND_PATH, which DISCO Lab
+# sets). The test set-up and the Dockerfile build them (DISCO_LLAMA_PROGRAMS=1); ./run.sh does not (a first start
+# without them is about 100 s shorter).
 #
-# Usage: scripts/llama-build.sh [build|install]   (no argument: both)
-#   build:   make the kept wheel if the kept one does not serve this machine (needs only .venv's python and pip, so
-#            scripts/setup.sh runs it beside the pip install); DISCO_BUILD_LOG gets the build's output (its
-#            [n/N] steps are the set-up's progress bar)
-#   install: put the kept wheel and programs into .venv
+# Usage: scripts/llama-build.sh [build|programs|install]   (no argument: build and install)
+#   build:    make the kept wheel if the kept one does not serve this machine (needs only .venv's python and pip, so
+#             scripts/setup.sh runs it beside the pip install); DISCO_BUILD_LOG gets the build's output (its
+#             [n/N] steps are the set-up's progress bar)
+#   programs: llama.cpp's own programs for the kept wheel, once (about 3 minutes on 2 cores), into .venv if it has
+#             the wheel installed
+#   install:  put the kept wheel and programs into .venv
 # DISCO_WHEELHOUSE sets where the wheel is kept. Never fatal: where the build is not possible, one line says so and
 # what to do, and the torch engine still works.
 set -uo pipefail
@@ -38,7 +45,7 @@ peers="llama-speculative-simple llama-bench"
 
 say() { echo "setup: $*" >&2; }
 phase="${1:-both}"
-case "$phase" in build|install|both) ;; *) say "llama-build.sh: unknown phase '$phase' (build, install or none)"; exit 2;; esac
+case "$phase" in build|programs|install|both) ;; *) say "llama-build.sh: unknown phase '$phase' (build, programs, install or none)"; exit 2;; esac
 
 # what kind of build is wanted (and the user's CMAKE_ARGS): a kept wheel or an install that does not serve it (an
 # older single-CPU build, a native build for another CPU, other flags) is built again
@@ -125,6 +132,10 @@ build() {  # the kept wheel for what is wanted, unless it is there already
   tar -xzf "$work"/llama_cpp_python-"$version".tar.gz -C "$work"
   src="$work/llama_cpp_python-$version"
   mkdir -p "$house"
+  cp "$work"/llama_cpp_python-"$version".tar.gz "$house"/  # the programs phase builds from it (no second download)
+  sed -i 's/set(LLAMA_BUILD_COMMON ON CACHE BOOL/set(LLAMA_BUILD_COMMON OFF CACHE BOOL/' "$src/CMakeLists.txt"
+  grep -q 'set(LLAMA_BUILD_COMMON OFF CACHE BOOL' "$src/CMakeLists.txt" \
+    || echo "setup: llama-cpp-python's CMakeLists no longer forces llama.cpp's common library as expected; building it too" >>"$log"
   flavour="$kind"
   if [ "$kind" = cpu-native-1 ] || [ "$kind" = cpu-variants-1 ]; then
     $py scripts/cpu_variants.py table "$src/vendor/llama.cpp/ggml/src/CMakeLists.txt" >"$work/variants.txt" 2>>"$log" \
@@ -139,7 +150,7 @@ build() {  # the kept wheel for what is wanted, unless it is there already
       flavour="cpu-native-1 $list"
     fi
   fi
-  say "building llama-cpp-python $version once ($([ "$kind" = cpu-native-1 ] && echo "this CPU's kernels: $list, ~4 minutes" || echo "~8 minutes") on $(nproc) cores; kept in $house)"
+  say "building llama-cpp-python $version once ($([ "$kind" = cpu-native-1 ] && echo "this CPU's kernels: $list, ~2.5 minutes" || echo "~6-8 minutes") on $(nproc) cores; kept in $house)"
   if ! wheel_build "$kind"; then
     failure="$(grep -m1 -E 'error:|CMake Error|^ERROR' "$log" | cut -c1-200 || true)"; failure="${failure:-$(tail -n 1 "$log" | cut -c1-200)}"
     if [ "$kind" = default-1 ]; then
@@ -156,26 +167,64 @@ build() {  # the kept wheel for what is wanted, unless it is there already
       return 0
     fi
   fi
-  link_peers
   cp "$work"/wheel/*.whl "$house"/
   echo "$flavour${cmake_hash:+ +$cmake_hash}" >"$house/llama-build-flavour-$version"
   say "built $(basename "$(ls "$work"/wheel/*.whl | head -n 1)") ($flavour) in $((SECONDS - start)) s"
 }
 
-link_peers() {  # llama.cpp's own programs from the same tree, against the same libraries (seconds, once built)
-  local b="$work/build" l="$src/vendor/llama.cpp" objs
-  objs="$(find "$b/vendor/llama.cpp/common/CMakeFiles/llama-common.dir" -name '*.o' | sort)"
-  link() {  # link NAME SOURCES...
-    local name="$1"; shift
-    g++ -std=c++17 -O3 -DNDEBUG -DGGML_SHARED -DLLAMA_SHARED -DLLAMA_SUBPROCESS \
-      -I"$l/common" -I"$l/vendor" -I"$l/include" -I"$l/ggml/include" -I"$l/tools/llama-bench" "$@" \
-      $objs "$b/vendor/llama.cpp/common/libllama-common-base.a" "$b/vendor/llama.cpp/vendor/cpp-httplib/libcpp-httplib.a" \
-      -L"$b/bin" -l:libllama.so.0 -l:libggml.so.0 -l:libggml-base.so.0 -lssl -lcrypto -pthread \
-      -Wl,-rpath,"\$ORIGIN/../lib/$pyver/site-packages/llama_cpp/lib" -o "$house/$name-$version" >>"$log" 2>&1 \
-      || say "llama.cpp's $name did not link (the benchmark's llama.cpp peer will lack it)"
-  }
-  link llama-speculative-simple "$l/examples/speculative-simple/speculative-simple.cpp"
-  link llama-bench "$l/tools/llama-bench/llama-bench.cpp" "$l/tools/llama-bench/main.cpp"
+programs() {  # llama.cpp's own programs for the kept wheel: its common library's objects, then the programs linked
+  local wheel tarball b l libs objs name steps line n
+  wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
+  [ -n "$wheel" ] || return 0  # no wheel: the build said why
+  if [ ! -x "$house/llama-speculative-simple-$version" ] || [ ! -x "$house/llama-bench-$version" ]; then
+    for tool in cmake g++ make; do
+      command -v "$tool" >/dev/null 2>&1 || { say "no $tool here, so llama.cpp's own programs cannot be built (the benchmark's llama.cpp peer and the kernel price need them)"; return 0; }
+    done
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    log="${DISCO_BUILD_LOG:-$work/log}"
+    tarball="$house/llama_cpp_python-$version.tar.gz"
+    if [ ! -f "$tarball" ]; then
+      $py -m pip download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python "$pin" -d "$house" >>"$log" 2>&1 \
+        || { say "could not download the llama-cpp-python source ($(tail -n 1 "$log")); llama.cpp's own programs are not built"; return 0; }
+    fi
+    tar -xzf "$tarball" -C "$work"
+    l="$work/llama_cpp_python-$version/vendor/llama.cpp" b="$work/build"
+    say "building llama.cpp's own programs (llama-speculative-simple, llama-bench) once, ~3 minutes on $(nproc) cores"
+    # a standalone configure of the vendored tree; make's TARGET/fast builds a target without its dependencies, so
+    # only the common library's objects are compiled (the libraries they call are the wheel's)
+    # (TARGET/fast prints no percentages: each compiled object is written as an [n/N] step for the progress line)
+    if ! { cmake -S "$l" -B "$b" -G "Unix Makefiles" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+             -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+             -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DGGML_CCACHE=OFF >>"$log" 2>&1 \
+           && steps="$(cat "$b"/common/CMakeFiles/llama-common*.dir/build.make "$b"/vendor/cpp-httplib/CMakeFiles/cpp-httplib.dir/build.make \
+                       | grep -cE '\.o: .*flags\.make$')" \
+           && make -C "$b" -j"$(nproc)" llama-common-base/fast cpp-httplib/fast llama-common/fast 2>&1 \
+              | { n=0; while IFS= read -r line; do  # line by line as they come (mawk would hold them back in blocks)
+                    case "$line" in *"Building C"*) n=$((n + 1)); echo "[$n/$steps] $line";; *) echo "$line";; esac
+                  done; } >>"$log"; }; then
+      say "llama.cpp's own programs did not build ($(grep -m1 -E 'error:|CMake Error' "$log" | cut -c1-200)); the benchmark's llama.cpp peer and the kernel price will lack them"
+      return 0
+    fi
+    libs="$work/libs"  # the kept wheel's libraries, to link against (the programs find the installed ones at run time)
+    $py -m zipfile -e "$wheel" "$libs" >>"$log" 2>&1
+    objs="$(for a in libllama-common.a libllama-common-base.a libcpp-httplib.a; do find "$b" -name "$a" | head -n 1; done)"  # in link order
+    link() {  # link NAME SOURCES...
+      name="$1"; shift
+      g++ -std=c++17 -O3 -DNDEBUG -DGGML_SHARED -DLLAMA_SHARED -DLLAMA_SUBPROCESS \
+        -I"$l/common" -I"$l/vendor" -I"$l/include" -I"$l/ggml/include" -I"$l/tools/llama-bench" "$@" $objs \
+        -L"$libs/llama_cpp/lib" -Wl,-rpath-link,"$libs/llama_cpp/lib" -l:libllama.so.0 -l:libggml.so.0 -l:libggml-base.so.0 \
+        -lssl -lcrypto -pthread -Wl,-rpath,"\$ORIGIN/../lib/$pyver/site-packages/llama_cpp/lib" -o "$house/$name-$version" >>"$log" 2>&1 \
+        || say "llama.cpp's $name did not link ($(grep -m1 -E 'error|undefined' "$log" | cut -c1-160)); the benchmark's llama.cpp peer will lack it"
+    }
+    link llama-speculative-simple "$l/examples/speculative-simple/speculative-simple.cpp"
+    link llama-bench "$l/tools/llama-bench/llama-bench.cpp" "$l/tools/llama-bench/main.cpp"
+  fi
+  if [ "$($py -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null)" = "$version" ]; then
+    for name in $peers; do
+      if [ -x "$house/$name-$version" ]; then cp "$house/$name-$version" ".venv/bin/$name"; fi
+    done
+  fi
 }
 
 install() {  # the kept wheel and programs into .venv (nothing to do when the build could not be made: it said why)
@@ -198,6 +247,7 @@ install() {  # the kept wheel and programs into .venv (nothing to do when the bu
 
 case "$phase" in
   build) build;;
+  programs) programs;;
   install) install;;
   both) build; install;;
 esac

@@ -3,6 +3,8 @@
 # the install (they do not depend on each other), with one progress line for both (scripts/progress.py).
 # Usage: scripts/setup.sh [requirements file]   (default: requirements.txt)
 #   DISCO_LLAMA_VARIANTS=native (default: this CPU's kernels) | all (every x86 CPU's: images, Spaces)
+#   DISCO_LLAMA_PROGRAMS=1 also builds llama.cpp's own programs (default: 1 for a requirements file other than
+#   requirements.txt, i.e. the tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reqs="${1:-requirements.txt}"
@@ -28,8 +30,13 @@ progress=()
 # Ctrl-C or a kill stops the jobs too (background jobs of a script ignore SIGINT; all of them share its group)
 trap 'trap - INT TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM
 
-# the llama.cpp engine: built once (minutes), then reused; never fatal (the torch engine works without it)
-(set +e; DISCO_BUILD_LOG="$jobs/build.log" scripts/llama-build.sh build; echo $? >"$jobs/build.rc") &
+# the llama.cpp engine: built once (minutes), then reused; never fatal (the torch engine works without it). llama.cpp's
+# own programs (the benchmark's peer, the kernel price) only for the tests and images (DISCO_LLAMA_PROGRAMS=1): a first
+# start of the app does without them
+programs="${DISCO_LLAMA_PROGRAMS:-$([ "$reqs" = requirements.txt ] && echo 0 || echo 1)}"
+(set +e; DISCO_BUILD_LOG="$jobs/build.log" scripts/llama-build.sh build; rc=$?
+ [ "$programs" != 1 ] || DISCO_BUILD_LOG="$jobs/build.log" scripts/llama-build.sh programs
+ echo $rc >"$jobs/build.rc") &
 progress+=("llama.cpp build:build:$jobs/build.log:$jobs/build.rc")
 
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then

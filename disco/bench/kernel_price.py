@@ -68,7 +68,8 @@ def _run(cmd: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess
 def _bench(model: Path, args: list[str], env: dict, timeout: int = 600, variant: str | None = None) -> list[dict]:
     exe = binary("llama-bench")
     if exe is None:
-        raise KernelPriceUnavailable("llama-bench is not built here (scripts/llama-build.sh builds it with the wheel)")
+        raise KernelPriceUnavailable("llama-bench is not built here (scripts/llama-build.sh programs builds it, "
+                                     "about 3 minutes; ./run.sh does not)")
     cmd = [str(exe), "-m", str(model), "-t", str(llama.threads()), "-o", "csv", *args]
     # the CPU variant this process runs (a build with several), so llama-bench prices the same kernels; or the
     # variant module named by ``variant``

@@ -28,6 +28,9 @@ PREFIX = "llama:"
 BIN_ENV = "DISCO_LLAMA_BIN"  # a folder holding llama-speculative-simple and llama-bench (default: the venv's bin)
 
 
+PROGRAMS = ("llama-speculative-simple", "llama-bench")  # scripts/llama-build.sh programs
+
+
 def binary(name: str) -> Path | None:
     folder = Path(os.environ.get(BIN_ENV) or Path(sys.prefix) / "bin")
     path = folder / name

@@ -167,6 +167,12 @@ def timed_prompt(pair, prompt: SuitePrompt, ids: list[int], policies: list[Polic
     Returns the runs.csv rows (median seconds over reps) and our engine's per-iteration records."""
     measured: dict[tuple[str, str], list[dict]] = {}
     records = []
+    if peer and pair.engine == "llamacpp" and not meta.get("peer_programs_missing"):
+        missing = [name for name in llama_peer.PROGRAMS if llama_peer.binary(name) is None]
+        if missing:  # said once per run: ./run.sh does not build them (scripts/llama-build.sh)
+            meta["peer_programs_missing"] = missing
+            log.warning("llama.cpp's %s not built here, so its runs are not timed as the peer "
+                        "(scripts/llama-build.sh programs builds them, about 3 minutes)", " and ".join(missing))
     for rep in range(reps):
         for i, policy in enumerate(policies):
             spec = policy.spec

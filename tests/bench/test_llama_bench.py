@@ -157,3 +157,22 @@ def test_a_peer_run_without_statistics_is_left_out_and_named(tmp_path, monkeypat
     assert "missing from the peer table" in (out / "summary.md").read_text()
     runs = pd.read_csv(out / "runs.csv")
     assert "llama:pmin:0.4:3" not in set(runs["strategy"]) and "pmin:0.4:3" in set(runs["strategy"])
+
+
+def test_without_llama_cpps_programs_the_run_says_so_once(tmp_path, monkeypatch, caplog):
+    """./run.sh does not build llama.cpp's own programs (scripts/llama-build.sh programs does): a timed run on the
+    llama.cpp engine then says once that its peer is not timed, and meta.json names what is missing."""
+    monkeypatch.setenv(llama_peer.BIN_ENV, str(tmp_path / "no-programs"))
+    target, assistant = tiny_gguf.write_pair(tmp_path / "pair")
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", logger="disco.bench.peer"):
+        code = cli.main(["bench", "--models", f"{target}::{assistant}", "--mode", "timed", "--timed-prompts", "2",
+                         "--max-new-tokens", "6", "--prompts", "code-csv-parse,explain-gil", "--out", str(out),
+                         "--no-progress", "--static-ks", "2", "--taus", "0.4", "--kmaxes", "4"])
+    assert code == 0
+    said = [r.getMessage() for r in caplog.records if "not built here" in r.getMessage()]
+    assert len(said) == 1 and "scripts/llama-build.sh programs" in said[0], said
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["peer_programs_missing"] == ["llama-speculative-simple", "llama-bench"]
+    runs = pd.read_csv(out / "runs.csv")
+    assert runs[runs["implementation"] == "llama.cpp"].empty
