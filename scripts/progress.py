@@ -72,7 +72,7 @@ class Job:
             elif line.startswith("Installing collected packages"):
                 self._installing, self.done = True, max(self.done, 0.85)
                 self.detail = f"installing {self._count} packages"
-            elif line.startswith("setup: preparing"):  # what the job does after pip (scripts/setup.sh)
+            elif line.startswith(("setup: preparing", "setup: compiling")):  # after pip (scripts/setup.sh)
                 self.done, self.detail = max(self.done, 0.95), line.removeprefix("setup: ")
         else:
             m = _NINJA.match(line)

@@ -47,14 +47,23 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # then, while llama.cpp may still be building, the embedded pair's GGUF files and tokenizer (what the app's first
   # load would do; DISCO_MODELS=tiny or a hub pair skips it)
   # pip runs niced: the build (the longer job) gets the cores first, pip what is left (measured: the first start
-  # 285-321 s with both at one priority; pip --no-compile is no answer where PYTHONDONTWRITEBYTECODE is set, as here)
+  # 285-321 s with both at one priority). pip installs without compiling (it compiles one module after another, on
+  # the first start's critical path); the bytecode is compiled afterwards on every core, beside the pair's files (one
+  # core: hashing). Not left to imports: where PYTHONDONTWRITEBYTECODE is set, nothing would ever be compiled.
   (set +e  # whatever happens, the job's status is written (the progress line waits for it)
-   nice -n 10 .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -r "$reqs" >"$jobs/install.log" 2>&1
+   nice -n 10 .venv/bin/python -m pip install --no-compile --disable-pip-version-check --progress-bar off -r "$reqs" >"$jobs/install.log" 2>&1
    rc=$?
-   if [ $rc = 0 ] && [ "${DISCO_MODELS:-embedded}" = embedded ] && [ -d disco ]; then
-     echo "setup: preparing the embedded pair's files" >>"$jobs/install.log"
-     nice -n 10 .venv/bin/python -m disco models prepare --engine llamacpp >>"$jobs/install.log" 2>&1 \
-       || echo "setup: the embedded pair's files were not prepared now (the app's first start does it): $(tail -n 1 "$jobs/install.log")" >&2
+   if [ $rc = 0 ]; then
+     nice -n 10 .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+       >"$jobs/compile.log" 2>&1 &  # a package's file that does not compile (old test data) is no failure
+     if [ "${DISCO_MODELS:-embedded}" = embedded ] && [ -d disco ]; then
+       echo "setup: preparing the embedded pair's files, compiling bytecode" >>"$jobs/install.log"
+       nice -n 10 .venv/bin/python -m disco models prepare --engine llamacpp >>"$jobs/install.log" 2>&1 \
+         || echo "setup: the embedded pair's files were not prepared now (the app's first start does it): $(tail -n 1 "$jobs/install.log")" >&2
+     else
+       echo "setup: compiling bytecode" >>"$jobs/install.log"
+     fi
+     wait
    fi
    echo $rc >"$jobs/install.rc") &
   progress+=("install:pip:$jobs/install.log:$jobs/install.rc:$expect")

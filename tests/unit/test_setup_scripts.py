@@ -211,3 +211,13 @@ def test_the_set_up_refuses_an_unknown_variant_choice_before_starting_anything()
                           env={**os.environ, "DISCO_LLAMA_VARIANTS": "every"})
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "setup: DISCO_LLAMA_VARIANTS=every: use native (this CPU's kernels) or all (every x86 CPU's)"]
+
+
+def test_the_programs_phase_without_a_kept_wheel_builds_nothing_and_says_nothing(tmp_path):
+    """``scripts/llama-build.sh programs`` links llama.cpp's own programs against the kept wheel: with none kept (the
+    build could not be made and said why), it has nothing to do."""
+    import os
+
+    proc = subprocess.run(["bash", str(ROOT / "scripts/llama-build.sh"), "programs"], capture_output=True, text=True,
+                          env={**os.environ, "DISCO_WHEELHOUSE": str(tmp_path / "house")}, timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "" and not (tmp_path / "house").exists()
