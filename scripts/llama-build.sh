@@ -22,8 +22,8 @@
 # runs (its speculative example llama-speculative-simple and llama-bench), need that common library: the `programs`
 # phase builds it apart (its objects only, nothing else of the tree) and links them against the kept wheel's
 # libraries; they are kept beside the wheel (they load the CPU variant named by GGML_BACKEND_PATH, which DISCO Lab
-# sets). The test set-up and the Dockerfile build them (DISCO_LLAMA_PROGRAMS=1); ./run.sh does not (a first start
-# without them is about 100 s shorter).
+# sets). The test set-up and the Dockerfile build them (DISCO_LLAMA_PROGRAMS=1); ./run.sh does not (measured: the
+# native wheel 189 s instead of 244 s beside the first start's pip install; the programs 175 s more).
 #
 # Usage: scripts/llama-build.sh [build|programs|install]   (no argument: build and install)
 #   build:    make the kept wheel if the kept one does not serve this machine (needs only .venv's python and pip, so

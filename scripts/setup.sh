@@ -34,6 +34,9 @@ trap 'trap - INT TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM
 # own programs (the benchmark's peer, the kernel price) only for the tests and images (DISCO_LLAMA_PROGRAMS=1): a first
 # start of the app does without them
 programs="${DISCO_LLAMA_PROGRAMS:-$([ "$reqs" = requirements.txt ] && echo 0 || echo 1)}"
+# the embedded pair's files: the GGUF files the app runs; the tests also run it on torch (its bf16 conversion, about
+# two minutes once: here, beside the build, instead of inside the test run)
+engine="$([ "$reqs" = requirements.txt ] && echo llamacpp || echo torch)"
 (set +e; DISCO_BUILD_LOG="$jobs/build.log" scripts/llama-build.sh build; rc=$?
  [ "$programs" != 1 ] || DISCO_BUILD_LOG="$jobs/build.log" scripts/llama-build.sh programs
  echo $rc >"$jobs/build.rc") &
@@ -58,7 +61,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
        >"$jobs/compile.log" 2>&1 &  # a package's file that does not compile (old test data) is no failure
      if [ "${DISCO_MODELS:-embedded}" = embedded ] && [ -d disco ]; then
        echo "setup: preparing the embedded pair's files, compiling bytecode" >>"$jobs/install.log"
-       nice -n 10 .venv/bin/python -m disco models prepare --engine llamacpp >>"$jobs/install.log" 2>&1 \
+       nice -n 10 .venv/bin/python -m disco models prepare --engine "$engine" >>"$jobs/install.log" 2>&1 \
          || echo "setup: the embedded pair's files were not prepared now (the app's first start does it): $(tail -n 1 "$jobs/install.log")" >&2
      else
        echo "setup: compiling bytecode" >>"$jobs/install.log"
