@@ -173,7 +173,7 @@ build() {  # the kept wheel for what is wanted, unless it is there already
 }
 
 programs() {  # llama.cpp's own programs for the kept wheel: its common library's objects, then the programs linked
-  local wheel tarball b l libs objs name steps line n
+  local wheel tarball b l libs objs name steps line n from
   wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
   [ -n "$wheel" ] || return 0  # no wheel: the build said why
   if [ ! -x "$house/llama-speculative-simple-$version" ] || [ ! -x "$house/llama-bench-$version" ]; then
@@ -183,6 +183,8 @@ programs() {  # llama.cpp's own programs for the kept wheel: its common library'
     work="$(mktemp -d)"
     trap 'rm -rf "$work"' EXIT
     log="${DISCO_BUILD_LOG:-$work/log}"
+    : >>"$log"
+    from=$(($(wc -l <"$log") + 1))  # this phase's own lines of a log the wheel's build may have written first
     tarball="$house/llama_cpp_python-$version.tar.gz"
     if [ ! -f "$tarball" ]; then
       $py -m pip download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python "$pin" -d "$house" >>"$log" 2>&1 \
@@ -198,12 +200,12 @@ programs() {  # llama.cpp's own programs for the kept wheel: its common library'
              -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
              -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=OFF -DGGML_CCACHE=OFF >>"$log" 2>&1 \
            && steps="$(cat "$b"/common/CMakeFiles/llama-common*.dir/build.make "$b"/vendor/cpp-httplib/CMakeFiles/cpp-httplib.dir/build.make \
-                       | grep -cE '\.o: .*flags\.make$')" \
+                       | grep -cE '\.o: .*flags\.make$' || true)" \
            && make -C "$b" -j"$(nproc)" llama-common-base/fast cpp-httplib/fast llama-common/fast 2>&1 \
               | { n=0; while IFS= read -r line; do  # line by line as they come (mawk would hold them back in blocks)
                     case "$line" in *"Building C"*) n=$((n + 1)); echo "[$n/$steps] $line";; *) echo "$line";; esac
                   done; } >>"$log"; }; then
-      say "llama.cpp's own programs did not build ($(grep -m1 -E 'error:|CMake Error' "$log" | cut -c1-200)); the benchmark's llama.cpp peer and the kernel price will lack them"
+      say "llama.cpp's own programs did not build ($(tail -n +"$from" "$log" | grep -m1 -E 'error:|CMake Error' | cut -c1-200 || true); the log: $log); the benchmark's llama.cpp peer and the kernel price will lack them"
       return 0
     fi
     libs="$work/libs"  # the kept wheel's libraries, to link against (the programs find the installed ones at run time)
@@ -215,7 +217,7 @@ programs() {  # llama.cpp's own programs for the kept wheel: its common library'
         -I"$l/common" -I"$l/vendor" -I"$l/include" -I"$l/ggml/include" -I"$l/tools/llama-bench" "$@" $objs \
         -L"$libs/llama_cpp/lib" -Wl,-rpath-link,"$libs/llama_cpp/lib" -l:libllama.so.0 -l:libggml.so.0 -l:libggml-base.so.0 \
         -lssl -lcrypto -pthread -Wl,-rpath,"\$ORIGIN/../lib/$pyver/site-packages/llama_cpp/lib" -o "$house/$name-$version" >>"$log" 2>&1 \
-        || say "llama.cpp's $name did not link ($(grep -m1 -E 'error|undefined' "$log" | cut -c1-160)); the benchmark's llama.cpp peer will lack it"
+        || say "llama.cpp's $name did not link ($(tail -n +"$from" "$log" | grep -m1 -E 'error:|undefined reference' | cut -c1-160 || true); the log: $log); the benchmark's llama.cpp peer will lack it"
     }
     link llama-speculative-simple "$l/examples/speculative-simple/speculative-simple.cpp"
     link llama-bench "$l/tools/llama-bench/llama-bench.cpp" "$l/tools/llama-bench/main.cpp"

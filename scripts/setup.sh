@@ -34,9 +34,10 @@ trap 'trap - INT TERM; kill -TERM 0 2>/dev/null; exit 130' INT TERM
 # own programs (the benchmark's peer, the kernel price) only for the tests and images (DISCO_LLAMA_PROGRAMS=1): a first
 # start of the app does without them
 programs="${DISCO_LLAMA_PROGRAMS:-$([ "$reqs" = requirements.txt ] && echo 0 || echo 1)}"
-# the embedded pair's files: the GGUF files the app runs; the tests also run it on torch (its bf16 conversion, about
-# two minutes once: here, beside the build, instead of inside the test run)
-engine="$([ "$reqs" = requirements.txt ] && echo llamacpp || echo torch)"
+case "$programs" in 0|1) ;; *) echo "setup: DISCO_LLAMA_PROGRAMS=$programs: use 1 (build llama.cpp's own programs) or 0" >&2; exit 2;; esac
+# the embedded pair's files: the GGUF files and tokenizer the app runs; the tests also run it on torch (its bf16
+# conversion, about two minutes once: here, beside the build, instead of inside the test run)
+engine="$([ "$reqs" = requirements.txt ] && echo llamacpp || echo all)"
 (set +e; DISCO_BUILD_LOG="$jobs/build.log" scripts/llama-build.sh build; rc=$?
  [ "$programs" != 1 ] || DISCO_BUILD_LOG="$jobs/build.log" scripts/llama-build.sh programs
  echo $rc >"$jobs/build.rc") &

@@ -68,3 +68,20 @@ def locked(cache: Path, log: Log, wait: bool = True) -> Iterator[bool]:
         finally:
             if got:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def remove_orphaned_partials(folder: Path) -> None:
+    """Remove the half-written ``NAME.PID.partial`` files and folders in ``folder`` whose process is gone (killed
+    mid-write: a re-quantization, a kept tokenizer); a living process's stay."""
+    for path in folder.glob("*.partial"):
+        pid = path.name.rsplit(".", 2)[-2] if path.name.count(".") >= 2 else ""
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or another user's: PermissionError below)
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 from disco import cache as cache_layout
 from disco.models import wheels
 from disco.models.cache_files import (  # noqa: F401 - dir_size, LOCK_NAME: part of this module's API
-    LOCK_NAME, TMP_PREFIX, dir_size, locked as _locked, swap_into_place,
+    LOCK_NAME, TMP_PREFIX, dir_size, locked as _locked, remove_orphaned_partials, swap_into_place,
 )
 from disco.models.wheels import (  # noqa: F401 - the installer's API, in one place
     EmbeddedError, ModelSpec, _corrupt, _scan_parts, _spec, damaged_parts, join_parts, locate_all, locate_parts,
@@ -201,9 +201,10 @@ def _sweep_stale(cache: Path, log: Log, table: Mapping[str, ModelSpec] | None = 
                 continue
         log(f"[disco] removing leftover {tmp.name} from an interrupted conversion")
         shutil.rmtree(tmp, ignore_errors=True)
-    for spec in (table or wheels.ROLES).values():  # the joins' own half-written files only: another process may be
-        if spec is not None:                       # writing one of its own in that folder (a re-quantized assistant)
+    for spec in (table or wheels.ROLES).values():  # the joins' own half-written files; another process's only once
+        if spec is not None:                       # it is gone (it may be writing one: a re-quantized assistant)
             (cache / GGUF_SUBDIR / f"{spec.gguf_name}.partial").unlink(missing_ok=True)
+    remove_orphaned_partials(cache / GGUF_SUBDIR)
 
 
 def _check_free_space(cache: Path, spec: ModelSpec, factor: float) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -55,8 +56,8 @@ def gguf_tokenizer(path: Path, key: str | None = None):
         tmp = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
         tokenizer.save_pretrained(tmp)
         tmp.replace(folder)
-    except OSError:
-        pass  # a read-only cache, or another process kept it first: read the GGUF again next time
+    except OSError:  # a read-only cache, or another process kept it first: read the GGUF again next time
+        shutil.rmtree(tmp, ignore_errors=True)
     return tokenizer
 
 

@@ -6,6 +6,8 @@ import base64
 import errno
 import hashlib
 import json
+import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -230,15 +232,18 @@ def test_hard_kill_leftovers_are_never_ready_and_get_swept(fake_roles, tmp_path,
     embedded._write_marker(stale, {"role": "target", "source_sha256": table["target"].sha256})
     (cache / "gguf").mkdir()
     (cache / "gguf" / "target.gguf.partial").write_bytes(b"half")
-    other = cache / "gguf" / "assistant-q4_0-abc.gguf.4242.partial"  # another process's re-quantization, in progress
+    other = cache / "gguf" / f"assistant-q4_0-abc.gguf.{os.getpid()}.partial"  # a living process's, in progress
     other.write_bytes(b"busy")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = cache / "gguf" / f"assistant-q4_0-def.gguf.{gone.stdout.strip()}.partial"  # its process was killed
+    orphan.write_bytes(b"half")
     assert embedded.is_ready(stale, "target")  # complete by itself, but not where anyone looks
     assert not embedded.is_ready(cache / "models" / "target", "target")
 
     logs: list[str] = []
     embedded.prepare(cache, progress=False, log=logs.append)
     assert not stale.exists() and not (cache / "gguf" / "target.gguf.partial").exists()
-    assert other.exists()  # the sweep removes the joins' own leftovers only
+    assert other.exists() and not orphan.exists()  # another process's leftovers only once it is gone
     assert any(".tmp-target-dead" in line for line in logs)
     assert embedded.is_ready(cache / "models" / "target", "target")
 
