@@ -78,6 +78,8 @@ class Job:
             m = _NINJA.match(line)
             if m:
                 n, total = int(m[1]), int(m[2])
+                if n / total < self.done:  # a next phase's steps (llama.cpp's programs after the wheel): its own rate
+                    self._first = None
                 self.done, self.detail = n / total, f"{n}/{total} steps"
             elif (m := _MAKE.match(line)):
                 self.done, self.detail = int(m[1]) / 100, f"{m[1]}%"

@@ -159,6 +159,21 @@ def test_progress_reads_pip_and_ninja_and_never_goes_quiet(tmp_path, monkeypatch
     assert "install done in 0:37" in lines[-1] and "build done in 0:42" in lines[-1]
 
 
+def test_a_second_build_phase_gets_its_own_estimate(tmp_path, monkeypatch):
+    """The build job builds the wheel (100 steps) and then llama.cpp's programs (their own 20 steps, slower): the
+    estimate counts from the programs' first step, not from the wheel's."""
+    log, rc_file = tmp_path / "build.log", tmp_path / "build.rc"
+    script = {}
+    for step in range(1, 11):  # the wheel: 100 steps in 10 s
+        script.setdefault(step, []).append((log, f"  [{10 * step}/100] Building C object\n"))
+    for step in range(1, 21):  # the programs: 20 steps, one every 2 s
+        script.setdefault(10 + 2 * step, []).append((log, f"[{step}/20] Building CXX object common.o\n"))
+    script.setdefault(52, []).append((rc_file, "0\n"))
+    rc, lines = _run(monkeypatch, [progress.Job("build", "build", log, rc_file)], script)
+    at_30 = next(line for line in lines if "(0:30" in line)
+    assert rc == 0 and "10/20 steps" in at_30 and "~0:20 left" in at_30, lines
+
+
 def test_progress_on_a_terminal_redraws_each_second(tmp_path, monkeypatch):
     log, rc_file = tmp_path / "b.log", tmp_path / "b.rc"
     script = {s: [(log, f"[{s}/5] step\n")] for s in range(1, 6)}
