@@ -33,6 +33,11 @@ def cpu_info() -> dict:
     return {"cpu": model, "flags": sorted(f for f in FLAGS if f in flags)}
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the OS has one; an xdist test worker is pinned to one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def key_hash(key) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 

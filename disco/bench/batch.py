@@ -26,6 +26,7 @@ import pandas as pd
 
 from disco.costs.batched import DRAFTERS, BatchCosts, check_batch
 from disco.errors import BenchError
+from disco.machine import usable_cpus
 from disco.policies.classic import STATIC_KS
 from disco.replay.batched import BatchReplayError, Setting, goodput, metrics, request_stream, simulate, trace
 from disco.replay.layouts import LAYOUTS, LayoutError, Pricer, check_context, check_layout
@@ -181,7 +182,7 @@ def _workers(asked: int | None) -> int:
             return max(1, int(env))
         except ValueError:
             raise BenchError(f"DISCO_BATCH_WORKERS={env!r}: give a whole number of processes") from None
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return usable_cpus()
 
 
 def _warm(tables: list[ReplayTable], study: BatchStudy, max_new: int) -> dict:

@@ -31,6 +31,7 @@ import torch
 
 from disco import limits
 from disco.errors import InputError, Interrupted, UserError
+from disco.machine import usable_cpus
 from disco.models import cpu_variant
 from disco.models.background import SHUTDOWN, exiting, in_pass
 
@@ -160,7 +161,7 @@ def threads() -> int:
     chosen = _env_int(THREADS_ENV, 1, MAX_THREADS)
     if chosen is not None:
         return chosen
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return max(1, usable_cpus())
 
 
 def n_ctx() -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import disco
 from disco.errors import BenchError, UserError, first_line
+from disco.machine import usable_cpus
 
 LOCAL = "local"
 ENV_PREFIXES = ("DISCO_", "HF_", "GGML_", "ONEDNN_", "OMP_")  # what the driver's environment passes to the workers
@@ -97,7 +98,7 @@ def connect(cfg: ClusterConfig):
             # niceness 0, not Ray's default 15: the tables are the job (at 15, two busy processes on a 2-core machine
             # left each worker about 5 % of a core)
             ray.init(address="local",
-                     num_cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                     num_cpus=usable_cpus(),
                      object_store_memory=256 * 1024 ** 2, runtime_env=_runtime_env(cfg),
                      _system_config={"worker_niceness": 0}, **quiet)
         else:

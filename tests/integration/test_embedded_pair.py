@@ -6,13 +6,12 @@ and a correctly loaded pair agrees often (a broken load would not).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from disco.decode.settings import DecodeSettings
 from disco.decode.race import run_all
+from disco.decode.settings import DecodeSettings
+from disco.machine import usable_cpus
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +27,7 @@ def real_pair():
 
     threads = torch.get_num_threads()
     # real models use two cores where this process may (an xdist worker is pinned to one: tests/conftest.py)
-    torch.set_num_threads(min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2))
+    torch.set_num_threads(min(2, usable_cpus()))
     pair = load_pair("embedded", dtype="fp32", log=print)
     pair.warmup()
     yield pair
