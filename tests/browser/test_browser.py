@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 
 import pandas as pd
 import pytest
@@ -75,7 +76,41 @@ def test_threshold_run_streams_draws_and_downloads(page, tmp_path):
     assert shot.stat().st_size > 50_000  # a real page, not a blank one
 
 
-def test_stop_ends_the_run_keeps_its_trace_and_the_app_stays_ready(page):
+@pytest.fixture
+def race_waits_for_stop(monkeypatch):
+    """Once the page has been sent tokens in every lane, the race waits for Stop (at most RUN_TIMEOUT_MS, once) before its next
+    forward pass, so Stop always lands in a running race, on any machine.
+
+    Without it the test raced the app: a 512-token race on the tiny pair takes 6-9 s on one core here, and with the
+    worker, the app and Chromium pinned to one core the page could show its first tokens so late that the race ended
+    ("Done") before the click reached it (CI, stop 39). The hold is in the test only: what Stop does is unchanged."""
+    from disco.app import race_tab, session
+
+    sent, held = threading.Event(), threading.Event()
+    real_render = race_tab.render
+
+    def render(snapshot, *, final, **kw):
+        out = real_render(snapshot, final=final, **kw)
+        if not final and set(snapshot.iterations()["strategy"]) == set(snapshot.strategies):
+            sent.set()  # this update puts tokens in every lane
+        return out
+
+    def checker(self, session_hash):
+        event = self._event(session_hash)  # the session's Stop signal, a threading.Event
+
+        def check() -> bool:
+            if sent.is_set() and not held.is_set():
+                held.set()
+                event.wait(RUN_TIMEOUT_MS / 1000)
+            return event.is_set()
+        return check
+
+    monkeypatch.setattr(race_tab, "render", render)
+    monkeypatch.setattr(session.StopSignals, "checker", checker)
+    yield held
+
+
+def test_stop_ends_the_run_keeps_its_trace_and_the_app_stays_ready(page, race_waits_for_stop):
     page.click("#stop")  # Stop with nothing running changes nothing and does not cancel the next run
     assert page.locator("#stop").is_enabled()
     set_slider(page, "max-new-tokens", 512)
@@ -86,6 +121,7 @@ def test_stop_ends_the_run_keeps_its_trace_and_the_app_stays_ready(page):
     page.click("#stop")
     # the race ends after the iteration in flight; on a busy machine that can take a moment
     page.wait_for_selector("#run-status:has-text('Stopped')", timeout=RUN_TIMEOUT_MS)
+    assert race_waits_for_stop.is_set()  # the race was held for Stop: it was running when Stop arrived
     frozen = lane_tokens(page, "autoregressive")
     page.wait_for_timeout(2000)
     assert lane_tokens(page, "autoregressive") == frozen, "the lanes kept growing after Stop"
