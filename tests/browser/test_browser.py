@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 
 import pandas as pd
 import pytest
@@ -42,7 +43,29 @@ WATCH_LANE = """strategy => {
 }"""
 
 
-def test_threshold_run_streams_draws_and_downloads(page, tmp_path):
+PACE_S = 0.003  # the paced race's pause before each forward pass (a 128-token race polls ~3,000 times)
+
+
+@pytest.fixture
+def paced_race(monkeypatch):
+    """Every forward pass of a race waits PACE_S first, so a 128-token lane runs for seconds on any machine and the
+    page sees its text grow in several updates (4 a second), however fast the machine computes."""
+    from disco.app import session
+
+    real_checker = session.StopSignals.checker
+
+    def checker(self, session_hash):
+        check = real_checker(self, session_hash)
+
+        def paced() -> bool:
+            time.sleep(PACE_S)
+            return check()
+        return paced
+
+    monkeypatch.setattr(session.StopSignals, "checker", checker)
+
+
+def test_threshold_run_streams_draws_and_downloads(page, tmp_path, paced_race):
     set_slider(page, "threshold", 0.6)
     set_slider(page, "max-new-tokens", 128)
     page.locator("#prompt textarea").fill("Write a short story about a lighthouse keeper.")
@@ -78,8 +101,8 @@ def test_threshold_run_streams_draws_and_downloads(page, tmp_path):
 
 @pytest.fixture
 def race_waits_for_stop(monkeypatch):
-    """Once the page has been sent tokens in every lane, the race waits for Stop (at most RUN_TIMEOUT_MS, once) before its next
-    forward pass, so Stop always lands in a running race, on any machine.
+    """Once the page has been sent tokens in every lane, the race waits for Stop (at most RUN_TIMEOUT_MS, once)
+    before its next forward pass, so Stop always lands in a running race, on any machine.
 
     Without it the test raced the app: a 512-token race on the tiny pair takes 6-9 s on one core here, and with the
     worker, the app and Chromium pinned to one core the page could show its first tokens so late that the race ended
@@ -125,7 +148,7 @@ def test_stop_ends_the_run_keeps_its_trace_and_the_app_stays_ready(page, race_wa
     frozen = lane_tokens(page, "autoregressive")
     page.wait_for_timeout(2000)
     assert lane_tokens(page, "autoregressive") == frozen, "the lanes kept growing after Stop"
-    assert "Stopped" in status(page)
+    assert "Stopped" in status(page) and "time budget" not in status(page)  # by Stop, not by the run's budget
     assert 0 < frozen < 512
     page.wait_for_selector("#stop:not([disabled]):has-text('Stop')")  # "Stopping…" while it ended, then back
 
