@@ -72,8 +72,22 @@ DECODED = re.compile(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds")
 # common/log.cpp, common_log_main: "logs may be lost if not flushed before the program exits"); the example does not
 # flush it, so on a busy machine it exits with 0 before the closing statistics (and the last tokens of its text) are
 # printed: 7 of 40 runs here with both cores loaded, and once in CI. Such a run is repeated; a run that printed its
-# statistics printed everything before them (one queue, in order), so its figures and text are whole.
+# statistics printed everything before them (one queue, in order), so its figures and text are whole. The log can
+# also end inside the figures (n_drafted printed, n_accept lost: once here with both cores loaded), so a run counts
+# only with the last of them, the "accept = …%" line, printed.
 ATTEMPTS = 4
+ACCEPT_LINE = re.compile(r"(?<![\w])accept\s*=\s*\S+%")  # "accept    = 71.429%" (not n_accept's line)
+FIGURES = ("n_predict", "n_drafted", "n_accept")
+
+
+def statistics(stderr: str) -> dict | None:
+    """The closing figures of llama.cpp's speculative example (``seconds`` of decoding, ``n_predict``, ``n_drafted``,
+    ``n_accept``), or None when its log ended before all of them were printed."""
+    stats = {k: int(v) for k, v in STAT.findall(stderr)}
+    decoded = DECODED.search(stderr)
+    if decoded is None or any(k not in stats for k in FIGURES) or ACCEPT_LINE.search(stderr) is None:
+        return None
+    return stats | {"seconds": float(decoded.group(2))}
 
 
 class NoStatistics(MissingResult, RuntimeError):
@@ -92,9 +106,8 @@ def speculative(pair, prompt_ids: list[int], policy: Policy, max_new_tokens: int
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=_env())
         if proc.returncode != 0:
             raise RuntimeError(f"llama-speculative-simple failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
-        stats = {k: int(v) for k, v in STAT.findall(proc.stderr)}
-        decoded = DECODED.search(proc.stderr)
-        if decoded is not None and "n_predict" in stats:
+        stats = statistics(proc.stderr)
+        if stats is not None:
             break
     else:
         tail = " | ".join((proc.stderr or proc.stdout or "(nothing)").strip().splitlines()[-6:])
@@ -102,5 +115,5 @@ def speculative(pair, prompt_ids: list[int], policy: Policy, max_new_tokens: int
     text = proc.stdout.split("\n\n", 1)[-1] if "\n\n" in proc.stdout else proc.stdout
     if text.startswith(prompt):
         text = text[len(prompt):]
-    return {"seconds": float(decoded.group(2)), "new_tokens": stats["n_predict"], "drafted": stats.get("n_drafted"),
-            "accepted": stats.get("n_accept"), "text": text.rstrip("\n"), "command": " ".join(cmd)}
+    return {"seconds": stats["seconds"], "new_tokens": stats["n_predict"], "drafted": stats["n_drafted"],
+            "accepted": stats["n_accept"], "text": text.rstrip("\n"), "command": " ".join(cmd)}

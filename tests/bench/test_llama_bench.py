@@ -99,15 +99,18 @@ def test_holdout_needs_both_splits(tmp_path, capsys):
 
 
 def test_a_speculative_run_whose_statistics_were_lost_is_repeated(monkeypatch, tmp_path):
-    """llama.cpp's logger can exit before printing the example's closing statistics (llama_peer.ATTEMPTS): such a
-    run is repeated, and a run that keeps losing them is an error naming what it printed."""
+    """llama.cpp's logger can exit before printing the example's closing statistics, or in the middle of them
+    (llama_peer.ATTEMPTS): such a run is repeated, and a run that keeps losing them is an error naming what it
+    printed."""
     import subprocess
 
     from disco.policies import parse_strategy
 
-    stats = ("decoded   11 tokens in    0.250 seconds, speed: 44.0 t/s\nn_draft   = 4\nn_predict = 11\n"
-             "n_drafted = 7\nn_accept  = 5\n")
-    outputs = iter([("\n\nPROMPTab", "loading draft model\n"), ("\n\nPROMPTabc\n\n", stats)])
+    stats = ("0.01.2 I decoded   11 tokens in    0.250 seconds, speed: 44.0 t/s\n0.01.2 I \n0.01.2 I n_draft   = 4\n"
+             "0.01.2 I n_predict = 11\n0.01.2 I n_drafted = 7\n0.01.2 I n_accept  = 5\n0.01.2 I accept    = 71.429%\n")
+    cut = stats[:stats.index("n_accept")]  # the log ended inside the figures (n_drafted printed, n_accept not)
+    outputs = iter([("\n\nPROMPTab", "loading draft model\n"), ("\n\nPROMPTab", cut),
+                    ("\n\nPROMPTabc\n\n", stats[:stats.index(" I accept")]), ("\n\nPROMPTabc\n\n", stats)])
     calls = []
 
     def fake_run(cmd, **kw):
@@ -125,7 +128,8 @@ def test_a_speculative_run_whose_statistics_were_lost_is_repeated(monkeypatch, t
     monkeypatch.setattr(llama_peer.subprocess, "run", fake_run)
     monkeypatch.setattr(llama_peer, "binary", lambda name: tmp_path / name)
     got = llama_peer.speculative(pair, [1, 2], parse_strategy("pmin:0.4:4:0"), 10)
-    assert len(calls) == 2
+    assert len(calls) == 4
+    assert llama_peer.statistics(stats.replace("71.429%", "-nan%"))["n_accept"] == 5  # nothing drafted: 0/0 printed
     assert (got["seconds"], got["new_tokens"], got["drafted"], got["accepted"], got["text"]) == (0.25, 11, 7, 5, "abc")
 
     outputs = iter([("\n\nPROMPTa", "loading draft model\n")] * llama_peer.ATTEMPTS)
