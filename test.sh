@@ -14,7 +14,7 @@ if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "test: could not install chromium; browser tests will be skipped" >&2
 fi
-workers="${DISCO_TEST_WORKERS:-$(.venv/bin/python -c 'import os; print(min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')}"
+workers="${DISCO_TEST_WORKERS:-$(.venv/bin/python -c 'from disco.machine import usable_cpus; print(min(2, usable_cpus()))')}"
 case "$workers" in ''|*[!0-9]*) echo "test: DISCO_TEST_WORKERS=$workers: use a number of workers (0: one process)" >&2; exit 2;; esac
 [ "$workers" -ge 2 ] || workers=0  # one core: no workers, the tests run in this process
 exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "${@:-tests}"

@@ -37,6 +37,11 @@ def binary(name: str) -> Path | None:
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
+def missing_programs() -> list[str]:
+    """Which of llama.cpp's own programs are not built here (``./run.sh`` builds none of them)."""
+    return [name for name in PROGRAMS if binary(name) is None]
+
+
 def has_peer(policy: Policy) -> bool:
     """Whether llama.cpp has this setting (so it can be timed as the peer)."""
     if isinstance(policy, Autoregressive):

@@ -168,7 +168,7 @@ def timed_prompt(pair, prompt: SuitePrompt, ids: list[int], policies: list[Polic
     measured: dict[tuple[str, str], list[dict]] = {}
     records = []
     if peer and pair.engine == "llamacpp" and not meta.get("peer_programs_missing"):
-        missing = [name for name in llama_peer.PROGRAMS if llama_peer.binary(name) is None]
+        missing = llama_peer.missing_programs()
         if missing:  # said once per run: ./run.sh does not build them (scripts/llama-build.sh)
             meta["peer_programs_missing"] = missing
             log.warning("llama.cpp's %s not built here, so its runs are not timed as the peer "
