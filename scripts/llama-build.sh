@@ -100,17 +100,28 @@ installed_serves() {
     && { [ -x .venv/bin/llama-bench ] || [ ! -e "$house/llama-bench-$version" ]; }
 }
 free_mb() { df -Pm "$1" 2>/dev/null | awk 'NR == 2 {print $4}'; }
+kept_wheel() { ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1; }
+missing_tool() {  # the first build tool this machine lacks (nothing when it has them all)
+  local tool
+  for tool in cmake g++ make; do command -v "$tool" >/dev/null 2>&1 || { echo "$tool"; return; }; done
+}
+copy_programs() {  # the kept llama.cpp programs into .venv (they find the installed wheel's libraries)
+  local name
+  for name in $peers; do
+    if [ -x "$house/$name-$version" ]; then cp "$house/$name-$version" ".venv/bin/$name"; fi
+  done
+}
 
 build() {  # the kept wheel for what is wanted, unless it is there already
-  local wheel failure list best tmp
+  local wheel failure list best tmp tool
   installed_serves && return 0
-  wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
+  wheel="$(kept_wheel)"
   if [ -n "$wheel" ] && serves "$(cat "$house/llama-build-flavour-$version" 2>/dev/null)"; then return 0; fi
-  for tool in cmake g++ make; do
-    command -v "$tool" >/dev/null 2>&1 || {
-      say "no $tool here, so llama-cpp-python cannot be built: install it (Debian: apt-get install cmake g++ make libssl-dev) and start again; the torch engine works meanwhile"
-      return 0; }
-  done
+  tool="$(missing_tool)"
+  if [ -n "$tool" ]; then
+    say "no $tool here, so llama-cpp-python cannot be built: install it (Debian: apt-get install cmake g++ make libssl-dev) and start again; the torch engine works meanwhile"
+    return 0
+  fi
   tmp="${TMPDIR:-/tmp}"
   if [ "$(free_mb "$tmp")" -lt 2048 ] 2>/dev/null; then
     say "only $(free_mb "$tmp") MB free in $tmp; the llama-cpp-python build needs ~2 GB there: free some or set TMPDIR, and start again; the torch engine works meanwhile"
@@ -173,13 +184,15 @@ build() {  # the kept wheel for what is wanted, unless it is there already
 }
 
 programs() {  # llama.cpp's own programs for the kept wheel: its common library's objects, then the programs linked
-  local wheel tarball b l libs objs name steps line n from
-  wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
+  local wheel tarball b l libs objs name steps line n from tool
+  wheel="$(kept_wheel)"
   [ -n "$wheel" ] || return 0  # no wheel: the build said why
   if [ ! -x "$house/llama-speculative-simple-$version" ] || [ ! -x "$house/llama-bench-$version" ]; then
-    for tool in cmake g++ make; do
-      command -v "$tool" >/dev/null 2>&1 || { say "no $tool here, so llama.cpp's own programs cannot be built (the benchmark's llama.cpp peer and the kernel price need them)"; return 0; }
-    done
+    tool="$(missing_tool)"
+    if [ -n "$tool" ]; then
+      say "no $tool here, so llama.cpp's own programs cannot be built (the benchmark's llama.cpp peer and the kernel price need them)"
+      return 0
+    fi
     work="$(mktemp -d)"
     trap 'rm -rf "$work"' EXIT
     log="${DISCO_BUILD_LOG:-$work/log}"
@@ -222,17 +235,13 @@ programs() {  # llama.cpp's own programs for the kept wheel: its common library'
     link llama-speculative-simple "$l/examples/speculative-simple/speculative-simple.cpp"
     link llama-bench "$l/tools/llama-bench/llama-bench.cpp" "$l/tools/llama-bench/main.cpp"
   fi
-  if [ "$($py -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null)" = "$version" ]; then
-    for name in $peers; do
-      if [ -x "$house/$name-$version" ]; then cp "$house/$name-$version" ".venv/bin/$name"; fi
-    done
-  fi
+  if [ "$($py -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null)" = "$version" ]; then copy_programs; fi
 }
 
 install() {  # the kept wheel and programs into .venv (nothing to do when the build could not be made: it said why)
   local wheel
   installed_serves && return 0
-  wheel="$(ls "$house"/llama_cpp_python-"$version"-*.whl 2>/dev/null | head -n 1)"
+  wheel="$(kept_wheel)"
   [ -n "$wheel" ] && serves "$(cat "$house/llama-build-flavour-$version" 2>/dev/null)" || return 0
   # the kept wheel itself (never another build pip might prefer), then its pinned companions
   if $py -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel" >/dev/null 2>&1 \
@@ -241,9 +250,7 @@ install() {  # the kept wheel and programs into .venv (nothing to do when the bu
   else
     say "could not install $(basename "$wheel"); the torch engine works"; return 0
   fi
-  for name in $peers; do
-    if [ -x "$house/$name-$version" ]; then cp "$house/$name-$version" ".venv/bin/$name"; fi
-  done
+  copy_programs
   cat "$house/llama-build-flavour-$version" >"$(libdir)/disco-build-flavour"
 }
 
